@@ -1,0 +1,60 @@
+# labkernels — the course's commands. `make lab` to learn, `make test` for CI. See README.md.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Extra pip arguments for torch, e.g. a CPU-only wheel index on a CI machine elsewhere (see README).
+TORCH_PIP_ARGS ?=
+PORT ?= 8888
+DIR ?= submissions
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# ninja from the venv must be on PATH for cpp_extension builds; the extension cache stays in the project.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
+export MPLBACKEND ?= Agg
+
+.PHONY: lab venv test test-gpu bench exercises grade lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(TORCH_PIP_ARGS) "torch==2.13.0"
+	$(VPY) -m pip install -q -e ".[course]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+lab: venv
+	@echo "Serving the course at http://127.0.0.1:$(PORT)/lab (Ctrl-C stops it)"
+	MPLBACKEND=module://matplotlib_inline.backend_inline $(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 \
+	  --port=$(PORT) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/README.md \
+	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+
+# CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
+test: venv
+	$(VPY) -m pytest -q -p no:cacheprovider tests
+	$(VPY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
+	$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600
+	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600
+	$(VPY) -m labkernels exercises --check
+
+# GPU lane, in the *current* Python environment (an instructor's GPU runner or a GPU image): no venv, no torch.
+test-gpu:
+	$(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA device')"
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests
+	$(PYTHON) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
+
+bench:
+	$(PYTHON) -m labkernels bench
+
+exercises: venv
+	$(VPY) -m labkernels exercises
+
+grade: venv
+	$(VPY) -m labkernels grade $(DIR) --json grade-report.json
+
+lint: venv
+	$(VENV)/bin/ruff check labkernels tests notebooks solutions
+
+clean:
+	rm -rf .torch_extensions .grade-*.json grade-report.json results

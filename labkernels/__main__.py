@@ -1,0 +1,5 @@
+import sys
+
+from labkernels.cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""`make bench`: run every registered benchmark on the GPU and record the reference CSVs the package ships.
+
+A chapter registers its benchmarks in `labkernels/<chapter>/bench.py` with `@benchmark("chNN_name")`; each
+returns result rows. The rows are written with the environment columns by `results.record`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from collections.abc import Callable
+
+import labkernels
+from labkernels.results import REFERENCE_DIR, record
+
+BENCHMARKS: dict[str, Callable[[], list[dict]]] = {}
+
+
+def benchmark(name: str):
+    def register(fn: Callable[[], list[dict]]):
+        if name in BENCHMARKS and BENCHMARKS[name] is not fn:
+            raise ValueError(f"benchmark {name!r} registered twice")
+        BENCHMARKS[name] = fn
+        return fn
+
+    return register
+
+
+def discover() -> dict[str, Callable[[], list[dict]]]:
+    """Import every `labkernels.<pkg>.bench` module so its benchmarks register."""
+    for info in pkgutil.iter_modules(labkernels.__path__):
+        if info.ispkg:
+            try:
+                importlib.import_module(f"labkernels.{info.name}.bench")
+            except ModuleNotFoundError as e:
+                if e.name != f"labkernels.{info.name}.bench":
+                    raise
+    return BENCHMARKS
+
+
+def run(names: list[str] | None = None, directory=REFERENCE_DIR) -> list[str]:
+    """Run benchmarks (all, or those named) and record each; return the files written."""
+    if not labkernels.on_gpu():
+        raise RuntimeError("make bench records GPU reference results: it needs a CUDA device")
+    found = discover()
+    unknown = sorted(set(names or []) - set(found))
+    if unknown:
+        raise KeyError(f"unknown benchmarks {unknown}; known: {sorted(found)}")
+    written = []
+    for name in names or sorted(found):
+        start = time.perf_counter()
+        rows = found[name]()
+        path = record(name, rows, directory)
+        print(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f} s -> {path}", flush=True)
+        written.append(str(path))
+    return written

@@ -1,0 +1,125 @@
+"""Fused row softmax: one read and one write of the matrix, whatever the row length.
+
+softmax(x)_ij = exp(x_ij - max_j x_ij) / sum_j exp(x_ij - max_j x_ij)  (subtracting the max avoids overflow)
+
+Written as five torch ops (max, subtract, exp, sum, divide) the intermediates go through HBM: read 5MN + 2M,
+write 3MN + 2M elements. One kernel that keeps a whole row in registers reads MN and writes MN
+(`labkernels.traffic.softmax`), a ~4x saving, so a fused softmax should run at copy bandwidth.
+
+The kernel teaches three things:
+- a program owns whole rows: BLOCK_SIZE_N = next_power_of_2(n_cols), with the lanes past the row's end
+  masked and loaded as -inf, so they add exp(-inf) = 0 to the sum; any row length works;
+- narrow rows are packed BLOCK_SIZE_M to a tile, so each step still moves a few KB;
+- persistent programs: a few programs per SM loop over the rows (grid-stride), as in Triton's fused-softmax
+  tutorial, instead of one short-lived program per row; num_warps grows with the tile.
+Compute is fp32 whatever the storage dtype; the result is stored in the input's dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from labkernels.lane import LANE, on_gpu, require_device
+
+MAX_COLS = 32768  # a row must fit one program's registers; longer rows need an online (looped) softmax
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def reference(x: torch.Tensor) -> torch.Tensor:
+    """The naive composition: five kernels, read 5MN + 2M, write 3MN + 2M elements."""
+    x_max = x.max(dim=1, keepdim=True).values  # read MN, write M
+    z = x - x_max  # read MN + M, write MN
+    num = torch.exp(z)  # read MN, write MN
+    den = num.sum(dim=1, keepdim=True)  # read MN, write M
+    return num / den  # read MN + M, write MN
+
+
+@triton.jit
+def _softmax_kernel(
+    out_ptr, x_ptr, n_rows, n_cols,
+    stride_xm, stride_xn, stride_om, stride_on,
+    BLOCK_SIZE_M: tl.constexpr,  # rows per step
+    BLOCK_SIZE_N: tl.constexpr,  # next_power_of_2(n_cols)
+):
+    pid = tl.program_id(axis=0)
+    n_programs = tl.num_programs(axis=0)
+    cols = tl.arange(0, BLOCK_SIZE_N)
+    col_mask = cols < n_cols
+    n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
+    for step in range(pid, n_steps, n_programs):  # persistent: this program's share of the row blocks
+        rows = step * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        row_mask = rows < n_rows
+        # Rows past the end re-read the last row (never stored): no -inf - -inf = NaN in dead lanes.
+        safe_rows = tl.minimum(rows, n_rows - 1)
+        x_ptrs = x_ptr + safe_rows[:, None] * stride_xm + cols[None, :] * stride_xn
+        x = tl.load(x_ptrs, mask=col_mask[None, :], other=-float("inf")).to(tl.float32)  # read MN
+        z = x - tl.max(x, axis=1)[:, None]
+        num = tl.exp(z)  # padded lanes: exp(-inf) = 0
+        out = num / tl.sum(num, axis=1)[:, None]
+        out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])  # write MN
+
+
+def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a row length."""
+    block_n = triton.next_power_of_2(n_cols)
+    elements = 2048 if on_gpu() else 16384  # per step: a few KB on the GPU; big tiles for the interpreter
+    block_m = max(1, min(elements // block_n, triton.next_power_of_2(n_rows)))
+    # ~32 fp32 values per thread: 4 warps up to 4096-element tiles, then 8, 16, 32.
+    num_warps = min(32, max(4, block_m * block_n // 1024))
+    return block_m, block_n, num_warps
+
+
+@functools.cache
+def _programs_per_sm(block_m: int, block_n: int, num_warps: int, dtype: torch.dtype) -> int:
+    """How many programs an SM can hold at once (registers and threads), as in Triton's softmax tutorial."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    by_threads = max(1, props.max_threads_per_multi_processor // (32 * num_warps))
+    try:
+        x = torch.empty((1, block_n), device="cuda", dtype=dtype)
+        compiled = _softmax_kernel.warmup(
+            x, x, 1, block_n, block_n, 1, block_n, 1,
+            BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, num_warps=num_warps, grid=(1,),
+        )
+        compiled._init_handles()
+        regs_per_sm = props.regs_per_multiprocessor
+        by_regs = max(1, regs_per_sm // max(1, compiled.n_regs * 32 * num_warps))
+        return max(1, min(by_threads, by_regs))
+    except Exception:  # an internal API that moves between triton versions: fall back on a guess
+        return max(1, min(by_threads, 4))
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Row softmax of a 2-D (rows, cols) tensor; any strides; result contiguous, in x's dtype."""
+    require_device(x, "softmax: x")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"softmax: x has dtype {x.dtype}; supported: float16, bfloat16, float32")
+    if x.dtype == torch.bfloat16 and not on_gpu():
+        raise TypeError("softmax: bfloat16 is computed wrongly by the Triton interpreter; use float16/float32 "
+                        "on the CPU lane")
+    if x.dim() != 2:
+        raise ValueError(f"softmax: x must be 2-D (rows, cols), got shape {tuple(x.shape)}; "
+                         "use x.reshape(-1, x.shape[-1])")
+    n_rows, n_cols = x.shape
+    if n_rows == 0 or n_cols == 0:
+        raise ValueError(f"softmax: x is empty, shape {tuple(x.shape)}")
+    if n_cols > MAX_COLS:
+        raise ValueError(f"softmax: rows of {n_cols} elements are longer than the {MAX_COLS} one program "
+                         "holds in registers; this kernel keeps a whole row on chip")
+    out = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
+    block_m, block_n, num_warps = _tile(n_rows, n_cols)
+    n_steps = triton.cdiv(n_rows, block_m)
+    if LANE == "gpu":
+        n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
+        n_programs = min(n_steps, n_sm * _programs_per_sm(block_m, block_n, num_warps, x.dtype))
+    else:
+        n_programs = min(n_steps, 8)  # a few, so the tests exercise the persistent loop
+    _softmax_kernel[(n_programs,)](
+        out, x, n_rows, n_cols, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, num_warps=num_warps,
+    )
+    return out

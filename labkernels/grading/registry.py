@@ -1,0 +1,27 @@
+"""Finds every chapter's exercises (`labkernels/grading/exercises_chNN.py`)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from labkernels import grading
+from labkernels.grading.core import EXERCISES, Exercise
+
+
+def discover() -> dict[str, Exercise]:
+    for info in pkgutil.iter_modules(grading.__path__):
+        if info.name.startswith("exercises_ch"):
+            importlib.import_module(f"labkernels.grading.{info.name}")
+    return EXERCISES
+
+
+def get(ex_id: str) -> Exercise:
+    found = discover()
+    if ex_id not in found:
+        raise KeyError(f"no exercise {ex_id!r}; known: {', '.join(sorted(found)) or 'none'}")
+    return found[ex_id]
+
+
+def for_chapter(chapter: str) -> list[Exercise]:
+    return sorted((e for e in discover().values() if e.chapter == chapter), key=lambda e: e.ex_id)

@@ -1,0 +1,167 @@
+"""Run a learner's answer in a separate process with a timeout.
+
+Why a process: under the Triton interpreter an unmasked store past a tensor's end silently corrupts the
+host heap (the process dies later with `free(): invalid next size`); on the GPU an illegal address poisons
+the CUDA context. Either would take the learner's notebook down with it. The child gets the answer as
+*source*: the function, the module-level functions and `@triton.jit` kernels it calls, the modules it uses
+and plain constants, written to a file and imported there (Triton's JIT reads kernel source from files).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import types
+from pathlib import Path
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _unwrap(obj):
+    """The Python function under triton's JITFunction / Autotuner / Heuristics wrappers."""
+    seen = 0
+    while not inspect.isfunction(obj) and hasattr(obj, "fn") and seen < 8:
+        obj, seen = obj.fn, seen + 1
+    return obj
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _is_plain(value) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, tuple | list):
+        return all(_is_plain(v) for v in value)
+    return False
+
+
+class _Collector:
+    def __init__(self, home_module: str):
+        self.home = home_module
+        self.functions: dict[str, str] = {}  # name -> source, in discovery order
+        self.imports: dict[str, str] = {}
+        self.constants: dict[str, str] = {}
+
+    def visit(self, name: str, obj) -> None:
+        if name in self.functions:
+            return
+        fn = _unwrap(obj)
+        if not inspect.isfunction(fn):
+            raise TypeError(f"{name!r} is a {type(obj).__name__}, not a function: pass the function itself")
+        if fn.__name__ == "<lambda>":
+            raise TypeError(f"{name!r} is a lambda: write it as a `def` at the top level of a cell")
+        if fn.__closure__:
+            raise TypeError(f"{name!r} is a closure (defined inside another function): define it at top level")
+        try:
+            source = textwrap.dedent(inspect.getsource(fn))
+        except (OSError, TypeError) as e:
+            raise TypeError(f"cannot read the source of {name!r}: {e}") from None
+        self.functions[name] = source
+        for ref in sorted(_code_names(fn.__code__)):
+            if ref in fn.__globals__:
+                self.add_global(ref, fn.__globals__[ref])
+
+    def add_global(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType):
+            self.imports[name] = value.__name__
+        elif _is_plain(value):
+            self.constants[name] = repr(value)
+        elif inspect.isfunction(_unwrap(value)) and _unwrap(value).__module__ == self.home:
+            self.visit(name, value)
+        elif getattr(value, "__module__", None) and getattr(value, "__qualname__", None):
+            module, qualname = value.__module__, value.__qualname__
+            if "." not in qualname and module not in ("__main__", self.home) and not module.startswith("_"):
+                self.imports[name] = f"{module}:{qualname}"
+        # Anything else (a tensor, an object built in the notebook) is not shipped: the answer must not
+        # depend on state computed earlier, or it could hand back a stale result. It fails as a NameError.
+
+    def module_source(self) -> str:
+        lines = ["import torch", "import triton", "import triton.language as tl"]
+        for name, target in self.imports.items():
+            if ":" in target:
+                module, attr = target.split(":")
+                lines.append(f"from {module} import {attr} as {name}")
+            else:
+                lines.append(f"import {target} as {name}")
+        lines += [f"{name} = {value}" for name, value in self.constants.items()]
+        return "\n".join(lines) + "\n\n\n" + "\n\n".join(self.functions.values())
+
+
+def bundle(answer) -> dict:
+    """Package an answer for the child: a function (shipped as source) or plain data (shipped as JSON)."""
+    if callable(answer):
+        fn = _unwrap(answer)
+        name = getattr(fn, "__name__", None)
+        if not name:
+            raise TypeError(f"cannot grade a {type(answer).__name__}: pass a function")
+        collector = _Collector(getattr(fn, "__module__", "__main__"))
+        collector.visit(name, answer)
+        return {"kind": "code", "entry": name, "source": collector.module_source()}
+    try:
+        json.dumps(answer)
+    except TypeError as e:
+        raise TypeError(f"an answer must be a function or plain data (str, numbers, lists, dicts): {e}") from None
+    return {"kind": "data", "value": answer}
+
+
+def run(ex_id: str, answer_bundle: dict, *, speed: bool, timeout_s: float) -> dict:
+    """Grade in a child process; returns {"cases": [...], "error": str | None}."""
+    with tempfile.TemporaryDirectory(prefix="labkernels-grade-") as tmp:
+        payload = Path(tmp) / "payload.json"
+        results = Path(tmp) / "results.jsonl"
+        payload.write_text(json.dumps({"ex_id": ex_id, "answer": answer_bundle, "speed": speed}))
+        cmd = [sys.executable, "-m", "labkernels.grading.child", str(payload), str(results)]
+        error = None
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, cwd=tmp)
+        try:
+            _, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            error = f"timed out after {timeout_s:.0f} s (an infinite loop, or a grid far too large?)"
+        else:
+            if proc.returncode < 0:
+                error = f"the grading process crashed ({signal.Signals(-proc.returncode).name})"
+            elif proc.returncode != 0:
+                error = _last_line(stderr) or f"the grading process exited with code {proc.returncode}"
+        records = _read(results)
+        cases = [r for r in records if r.get("event") == "case"]
+        started = [r["case"] for r in records if r.get("event") == "start"]
+        if error and started and (not cases or cases[-1]["case"] != started[-1]):
+            error = f"{error} during case {started[-1]!r}"
+        return {"cases": cases, "error": error, "seconds": time.monotonic() - start}
+
+
+def _read(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a record cut short by a crash
+    return out
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+__all__ = ["bundle", "run"]

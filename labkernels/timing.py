@@ -1,0 +1,72 @@
+"""Timing that is right for each lane.
+
+GPU lane: `triton.testing.do_bench`, which warms up, clears L2 between runs and times with CUDA events;
+we take its median. CPU lane: a wall-clock timer around synchronous calls, also a median. Triton kernels in
+the CPU lane run under the interpreter: their timings measure Python, not a GPU, and are never reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from labkernels.lane import LANE
+
+
+def cpu_bench(fn: Callable[[], object], warmup: int = 2, rep: int = 10) -> float:
+    """Median wall time of `fn()` in milliseconds, measured on the host."""
+    if warmup < 0 or rep < 1:
+        raise ValueError(f"warmup must be >= 0 and rep >= 1, got warmup={warmup}, rep={rep}")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(rep):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def autotune_bench(kernel_call: Callable[[], object], quantiles: Sequence[float] = (0.5, 0.2, 0.8)):
+    """A benchmarker with the signature `@triton.autotune(do_bench=...)` expects.
+
+    triton's default benchmarker needs a GPU driver ("0 active drivers" under the interpreter). On the GPU
+    lane this defers to `do_bench`; on the CPU lane it times on the host, so autotuning *works* there (the
+    per-key cache, the first-call cost) even though the winner it picks means nothing about a GPU.
+    """
+    if LANE == "gpu":
+        import triton.testing
+
+        return triton.testing.do_bench(kernel_call, quantiles=list(quantiles))
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        kernel_call()
+        samples.append((time.perf_counter() - start) * 1e3)
+    samples.sort()
+    pick = [samples[min(len(samples) - 1, int(q * len(samples)))] for q in quantiles]
+    return pick if len(pick) > 1 else pick[0]
+
+
+def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> float:
+    """Median time of `fn()` in ms on this lane. On the GPU, `warmup`/`rep` are milliseconds (do_bench's
+    convention); on the CPU they are call counts, scaled down because host runs are long."""
+    if LANE == "gpu":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    return cpu_bench(fn, warmup=min(warmup, 2), rep=max(3, min(rep, 10)))
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    """Achieved bandwidth in GB/s (1e9 bytes per second) for `nbytes` moved in `ms` milliseconds."""
+    if ms <= 0:
+        raise ValueError(f"time must be positive, got {ms} ms")
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def tflops(flops: float, ms: float) -> float:
+    if ms <= 0:
+        raise ValueError(f"time must be positive, got {ms} ms")
+    return flops / (ms * 1e-3) / 1e12
