@@ -28,7 +28,7 @@ lab: venv
 	@echo "Serving the course at http://127.0.0.1:$(PORT)/lab (Ctrl-C stops it)"
 	MPLBACKEND=module://matplotlib_inline.backend_inline $(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 \
 	  --port=$(PORT) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/README.md \
-	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate
 
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv

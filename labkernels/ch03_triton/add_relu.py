@@ -48,7 +48,11 @@ _add_relu_tuned = triton.autotune(
 
 
 def add_relu(
-    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None, *, block_size: int | None = None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block_size: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """relu(x + y) in one kernel. `out` may be given (e.g. x itself, in place).

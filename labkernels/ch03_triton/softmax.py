@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkernels.ch03_triton.vector_add import BF16_ON_CPU
 from labkernels.lane import LANE, on_gpu, require_device
 
 MAX_COLS = 32768  # a row must fit one program's registers; longer rows need an online (looped) softmax
@@ -40,17 +41,25 @@ def reference(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _softmax_kernel(
-    out_ptr, x_ptr, n_rows, n_cols,
-    stride_xm, stride_xn, stride_om, stride_on,
+    out_ptr,
+    x_ptr,
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_xn,
+    stride_om,
+    stride_on,
     BLOCK_SIZE_M: tl.constexpr,  # rows per step
     BLOCK_SIZE_N: tl.constexpr,  # next_power_of_2(n_cols)
+    NUM_STAGES: tl.constexpr,  # loads of the next rows in flight while this one is reduced (GPU only)
 ):
     pid = tl.program_id(axis=0)
     n_programs = tl.num_programs(axis=0)
     cols = tl.arange(0, BLOCK_SIZE_N)
     col_mask = cols < n_cols
     n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
-    for step in range(pid, n_steps, n_programs):  # persistent: this program's share of the row blocks
+    # Persistent: each program walks its share of the row blocks (grid-stride), loads pipelined.
+    for step in tl.range(pid, n_steps, n_programs, num_stages=NUM_STAGES):
         rows = step * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
         row_mask = rows < n_rows
         # Rows past the end re-read the last row (never stored): no -inf - -inf = NaN in dead lanes.
@@ -61,11 +70,12 @@ def _softmax_kernel(
         num = tl.exp(z)  # padded lanes: exp(-inf) = 0
         out = num / tl.sum(num, axis=1)[:, None]
         out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])  # write MN
+        mask = row_mask[:, None] & col_mask[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)  # write MN
 
 
 def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a row length."""
+    """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a matrix shape."""
     block_n = triton.next_power_of_2(n_cols)
     elements = 2048 if on_gpu() else 16384  # per step: a few KB on the GPU; big tiles for the interpreter
     block_m = max(1, min(elements // block_n, triton.next_power_of_2(n_rows)))
@@ -75,51 +85,86 @@ def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
 
 
 @functools.cache
-def _programs_per_sm(block_m: int, block_n: int, num_warps: int, dtype: torch.dtype) -> int:
-    """How many programs an SM can hold at once (registers and threads), as in Triton's softmax tutorial."""
+def _programs_per_sm(block_m: int, block_n: int, num_warps: int, num_stages: int, dtype: torch.dtype) -> int:
+    """How many programs one SM holds at once (registers, shared memory, threads): Triton's softmax tutorial
+    compiles the kernel once and reads its register and shared-memory use."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     by_threads = max(1, props.max_threads_per_multi_processor // (32 * num_warps))
     try:
-        x = torch.empty((1, block_n), device="cuda", dtype=dtype)
+        device = triton.runtime.driver.active.get_current_device()
+        limits = triton.runtime.driver.active.utils.get_device_properties(device)
+        x = torch.empty((2, block_n), device="cuda", dtype=dtype)
         compiled = _softmax_kernel.warmup(
-            x, x, 1, block_n, block_n, 1, block_n, 1,
-            BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, num_warps=num_warps, grid=(1,),
+            x,
+            x,
+            2,
+            block_n,
+            block_n,
+            1,
+            block_n,
+            1,
+            BLOCK_SIZE_M=block_m,
+            BLOCK_SIZE_N=block_n,
+            NUM_STAGES=num_stages,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            grid=(1,),
         )
         compiled._init_handles()
-        regs_per_sm = props.regs_per_multiprocessor
-        by_regs = max(1, regs_per_sm // max(1, compiled.n_regs * 32 * num_warps))
-        return max(1, min(by_threads, by_regs))
-    except Exception:  # an internal API that moves between triton versions: fall back on a guess
-        return max(1, min(by_threads, 4))
+        by_regs = limits["max_num_regs"] // max(1, compiled.n_regs * 32 * num_warps)
+        shared = compiled.metadata.shared
+        by_smem = limits["max_shared_mem"] // shared if shared else by_threads
+        return max(1, min(by_threads, by_regs, by_smem))
+    except Exception:  # internal APIs that move between triton versions: fall back on a guess
+        return max(1, min(by_threads, 2))
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Row softmax of a 2-D (rows, cols) tensor; any strides; result contiguous, in x's dtype."""
+def softmax(x: torch.Tensor, *, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """Row softmax of a 2-D (rows, cols) tensor; any strides; result contiguous, in x's dtype.
+
+    num_warps and num_stages default to a choice from the row width (pass them to experiment).
+    """
     require_device(x, "softmax: x")
     if x.dtype not in DTYPES:
         raise TypeError(f"softmax: x has dtype {x.dtype}; supported: float16, bfloat16, float32")
     if x.dtype == torch.bfloat16 and not on_gpu():
-        raise TypeError("softmax: bfloat16 is computed wrongly by the Triton interpreter; use float16/float32 "
-                        "on the CPU lane")
+        raise TypeError(f"softmax: {BF16_ON_CPU}")
     if x.dim() != 2:
-        raise ValueError(f"softmax: x must be 2-D (rows, cols), got shape {tuple(x.shape)}; "
-                         "use x.reshape(-1, x.shape[-1])")
+        raise ValueError(
+            f"softmax: x must be 2-D (rows, cols), got shape {tuple(x.shape)}; use x.reshape(-1, x.shape[-1])"
+        )
     n_rows, n_cols = x.shape
     if n_rows == 0 or n_cols == 0:
         raise ValueError(f"softmax: x is empty, shape {tuple(x.shape)}")
     if n_cols > MAX_COLS:
-        raise ValueError(f"softmax: rows of {n_cols} elements are longer than the {MAX_COLS} one program "
-                         "holds in registers; this kernel keeps a whole row on chip")
+        raise ValueError(
+            f"softmax: rows of {n_cols} elements are longer than the {MAX_COLS} one program "
+            "holds in registers; this kernel keeps a whole row on chip"
+        )
     out = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
-    block_m, block_n, num_warps = _tile(n_rows, n_cols)
+    block_m, block_n, auto_warps = _tile(n_rows, n_cols)
+    num_warps = num_warps or auto_warps
+    num_stages = num_stages or 2
     n_steps = triton.cdiv(n_rows, block_m)
     if LANE == "gpu":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-        n_programs = min(n_steps, n_sm * _programs_per_sm(block_m, block_n, num_warps, x.dtype))
+        per_sm = _programs_per_sm(block_m, block_n, num_warps, num_stages, x.dtype)
+        n_programs = min(n_steps, n_sm * per_sm)
     else:
         n_programs = min(n_steps, 8)  # a few, so the tests exercise the persistent loop
     _softmax_kernel[(n_programs,)](
-        out, x, n_rows, n_cols, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, num_warps=num_warps,
+        out,
+        x,
+        n_rows,
+        n_cols,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_SIZE_M=block_m,
+        BLOCK_SIZE_N=block_n,
+        NUM_STAGES=num_stages,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out

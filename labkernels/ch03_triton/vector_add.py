@@ -20,6 +20,7 @@ from labkernels.lane import LANE, on_gpu, require_device
 # The interpreter pays ~1-2 ms per program instance whatever its size: big blocks on the CPU lane.
 DEFAULT_BLOCK_SIZE = 1024 if LANE == "gpu" else 16384
 ELEMENTWISE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BF16_ON_CPU = "bfloat16 is computed wrongly by the Triton interpreter; use float16 or float32 on the CPU lane"
 
 
 def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -46,14 +47,14 @@ def check_elementwise(name: str, *tensors: torch.Tensor, out: torch.Tensor | Non
     """The checks every elementwise launcher of this chapter makes, each with a message naming the problem."""
     labels = "xyzw"
     first = tensors[0]
-    for label, t in zip(labels, tensors):
+    for label, t in zip(labels, tensors, strict=False):
         require_device(t, f"{name}: {label}")
         if t.dtype not in ELEMENTWISE_DTYPES:
             raise TypeError(f"{name}: {label} has dtype {t.dtype}; supported: float16, bfloat16, float32")
         if t.dtype != first.dtype:
             raise TypeError(f"{name}: inputs must share one dtype, got {first.dtype} and {t.dtype}")
         if t.shape != first.shape:
-            raise ValueError(f"{name}: shapes differ, {tuple(first.shape)} vs {tuple(t.shape)} (no broadcasting)")
+            raise ValueError(f"{name}: shapes differ, {tuple(first.shape)} vs {tuple(t.shape)}")
         if not t.is_contiguous():
             raise ValueError(
                 f"{name}: {label} is not contiguous (strides {t.stride()}); this kernel walks flat memory, "
@@ -62,19 +63,23 @@ def check_elementwise(name: str, *tensors: torch.Tensor, out: torch.Tensor | Non
     if first.numel() == 0:
         raise ValueError(f"{name}: inputs are empty")
     if first.dtype == torch.bfloat16 and not on_gpu():
-        raise TypeError(f"{name}: bfloat16 is computed wrongly by the Triton interpreter; use float16/float32 "
-                        "on the CPU lane")
+        raise TypeError(f"{name}: {BF16_ON_CPU}")
     if out is not None:
         require_device(out, f"{name}: out")
         if out.dtype != first.dtype or out.shape != first.shape:
-            raise ValueError(f"{name}: out must be {first.dtype} {tuple(first.shape)}, "
-                             f"got {out.dtype} {tuple(out.shape)}")
+            raise ValueError(
+                f"{name}: out must be {first.dtype} {tuple(first.shape)}, got {out.dtype} {tuple(out.shape)}"
+            )
         if not out.is_contiguous():
             raise ValueError(f"{name}: out is not contiguous (strides {out.stride()})")
 
 
 def vector_add(
-    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None, *, block_size: int | None = None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block_size: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """x + y with one Triton program per BLOCK_SIZE elements."""
@@ -87,4 +92,3 @@ def vector_add(
     grid = (triton.cdiv(n, block_size),)
     _vector_add_kernel[grid](x, y, out, n, BLOCK_SIZE=block_size, num_warps=num_warps)
     return out
-

@@ -15,6 +15,16 @@
 namespace labkernels {
 namespace {
 
+// A #pragma cannot sit inside a macro argument (AT_DISPATCH_... is a macro), so the loop lives here.
+template <typename scalar_t, typename acc_t>
+void scale_shift_range(const scalar_t* __restrict__ x, scalar_t* __restrict__ out, acc_t a, acc_t b,
+                       int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    out[i] = static_cast<scalar_t>(static_cast<acc_t>(x[i]) * a + b);
+  }
+}
+
 at::Tensor scale_shift_cpu(const at::Tensor& x, double a, double b) {
   check_elementwise(at::kCPU, x, "x");
   at::Tensor out = at::empty_like(x);
@@ -25,12 +35,7 @@ at::Tensor scale_shift_cpu(const at::Tensor& x, double a, double b) {
     const acc_t sb = static_cast<acc_t>(b);
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) {
-        op[i] = static_cast<scalar_t>(static_cast<acc_t>(xp[i]) * sa + sb);
-      }
-    });
+    at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) { scale_shift_range(xp, op, sa, sb, begin, end); });
   });
   return out;
 }

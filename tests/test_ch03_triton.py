@@ -1,0 +1,239 @@
+"""Chapter 03 kernels: correctness in the lane at hand (the interpreter on CPU), weird shapes, poisoned
+outputs, bad inputs. Sizes stay small on the CPU lane: the interpreter costs ~1-2 ms per program."""
+
+import pytest
+import torch
+
+import labkernels
+from labkernels.ch03_triton import add_relu as add_relu_mod
+from labkernels.ch03_triton import matmul as matmul_mod
+from labkernels.ch03_triton import softmax as softmax_mod
+from labkernels.ch03_triton import vector_add as vector_add_mod
+from labkernels.ch03_triton.add_relu import add_relu
+from labkernels.ch03_triton.matmul import matmul
+from labkernels.ch03_triton.softmax import softmax
+from labkernels.ch03_triton.vector_add import vector_add
+
+DEVICE = labkernels.DEVICE
+gpu = pytest.mark.skipif(not labkernels.on_gpu(), reason="needs the GPU lane")
+cpu_lane = pytest.mark.skipif(labkernels.on_gpu(), reason="CPU-lane behaviour (the interpreter)")
+
+ELEMENTWISE_TOL = {torch.float32: (0.0, 0.0), torch.float16: (0.0, 0.0), torch.bfloat16: (0.0, 0.0)}
+SOFTMAX_TOL = {torch.float32: (1e-6, 1e-5), torch.float16: (1e-3, 1e-2), torch.bfloat16: (8e-3, 2e-2)}
+LANE_DTYPES = [torch.float32, torch.float16] + [pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])]
+SIZES = [1, 127, 1000, 16385 + 7]
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+# --- vector add and add+relu -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_vector_add(n, dtype):
+    x, y = torch.randn(n, device=DEVICE).to(dtype), torch.randn(n, device=DEVICE).to(dtype)
+    out = _poisoned((n,), dtype)
+    got = vector_add(x, y, out)
+    assert got is out
+    atol, rtol = ELEMENTWISE_TOL[dtype]
+    torch.testing.assert_close(out, vector_add_mod.reference(x, y), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_add_relu(n, dtype):
+    x, y = torch.randn(n, device=DEVICE).to(dtype), torch.randn(n, device=DEVICE).to(dtype)
+    out = _poisoned((n,), dtype)
+    add_relu(x, y, out)
+    atol, rtol = ELEMENTWISE_TOL[dtype]
+    torch.testing.assert_close(out, add_relu_mod.reference(x, y), atol=atol, rtol=rtol)
+
+
+def test_add_relu_2d_allocates_and_in_place():
+    x, y = torch.randn(33, 71, device=DEVICE), torch.randn(33, 71, device=DEVICE)
+    expected = torch.relu(x + y)
+    torch.testing.assert_close(add_relu(x, y), expected, atol=0, rtol=0)
+    add_relu(x, y, out=x)  # out aliases an input
+    torch.testing.assert_close(x, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("block_size, num_warps", [(64, 1), (1024, 4), (4096, 8)])
+def test_add_relu_explicit_config(block_size, num_warps):
+    n = 3 * 4096 + 5
+    x, y = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
+    out = _poisoned((n,), torch.float32)
+    add_relu(x, y, out, block_size=block_size, num_warps=num_warps)
+    torch.testing.assert_close(out, torch.relu(x + y), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("fn", [vector_add, add_relu])
+def test_elementwise_bad_inputs(fn):
+    x = torch.randn(10, device=DEVICE)
+    with pytest.raises(TypeError, match="dtype"):
+        fn(x.int(), x.int())
+    with pytest.raises(TypeError, match="share one dtype"):
+        fn(x, x.half())
+    with pytest.raises(ValueError, match="shapes differ"):
+        fn(x, torch.randn(11, device=DEVICE))
+    with pytest.raises(ValueError, match="not contiguous"):
+        m = torch.randn(4, 6, device=DEVICE)
+        fn(m.t(), m.t())
+    with pytest.raises(ValueError, match="empty"):
+        fn(x[:0], x[:0])
+    with pytest.raises(ValueError, match="is on meta"):
+        fn(torch.empty(10, device="meta"), torch.empty(10, device="meta"))
+    with pytest.raises(ValueError, match="out must be"):
+        fn(x, x, torch.empty(10, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match="power of two"):
+        fn(x, x, block_size=1000)
+
+
+@cpu_lane
+@pytest.mark.parametrize("fn", [vector_add, add_relu])
+def test_elementwise_bf16_refused_on_cpu_lane(fn):
+    x = torch.randn(10).bfloat16()
+    with pytest.raises(TypeError, match="interpreter"):
+        fn(x, x)
+
+
+# --- softmax -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 33), (37, 1000), (130, 781), (3, 5000), (2, 32768)])
+def test_softmax(shape, dtype):
+    x = (torch.randn(shape, device=DEVICE) * 5).to(dtype)
+    got = softmax(x)
+    expected = softmax_mod.reference(x.double()).to(dtype)
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
+    assert not got.isnan().any()
+
+
+def test_softmax_many_narrow_rows_and_strides():
+    x = torch.randn(1031, 9, device=DEVICE) * 3  # many row blocks for a few persistent programs
+    torch.testing.assert_close(softmax(x), torch.softmax(x, dim=1), atol=1e-6, rtol=1e-5)
+    xt = torch.randn(300, 70, device=DEVICE).t()  # (70, 300), column-major
+    torch.testing.assert_close(softmax(xt), torch.softmax(xt, dim=1), atol=1e-6, rtol=1e-5)
+    big = torch.randn(4, 100, device=DEVICE) * 1000  # exp would overflow without the max subtracted
+    torch.testing.assert_close(softmax(big), torch.softmax(big, dim=1), atol=1e-6, rtol=1e-5)
+
+
+def test_softmax_bad_inputs():
+    with pytest.raises(TypeError, match="dtype"):
+        softmax(torch.ones(3, 4, device=DEVICE, dtype=torch.int32))
+    with pytest.raises(ValueError, match="2-D"):
+        softmax(torch.randn(2, 3, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="empty"):
+        softmax(torch.randn(0, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="longer than"):
+        softmax(torch.empty(1, softmax_mod.MAX_COLS + 1, device=DEVICE))
+    with pytest.raises(ValueError, match="is on meta"):
+        softmax(torch.empty(2, 3, device="meta"))
+
+
+@cpu_lane
+def test_softmax_bf16_refused_on_cpu_lane():
+    with pytest.raises(TypeError, match="interpreter"):
+        softmax(torch.randn(2, 3).bfloat16())
+
+
+# --- matmul ------------------------------------------------------------------------------------------------
+
+
+def _matmul_error(got, a, b, bias=None, activation=None):
+    return (got.double() - matmul_mod.reference(a, b, bias, activation)).abs().max().item()
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (97, 130, 75), (33, 65, 200)])
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_matmul_fp32(m, n, k, precision):
+    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)
+    got = matmul(a, b, input_precision=precision)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    tol = 1e-4 if precision == "ieee" else 2e-2  # tf32: 10-bit mantissa inputs, on the GPU only
+    torch.testing.assert_close(got.double(), matmul_mod.reference(a, b), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_matmul_16bit_epilogue(dtype, activation):
+    m, n, k = 70, 90, 100
+    a, b = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(k, n, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    got = matmul(a, b, bias=bias, activation=activation)
+    assert got.dtype == dtype
+    # Compare with torch's own error against the fp64 reference instead of a magic tolerance.
+    torch_out = matmul_mod.reference(a, b, bias, activation).to(dtype)  # the best rounding possible
+    torch_err = _matmul_error(torch_out, a, b, bias, activation)
+    assert _matmul_error(got, a, b, bias, activation) <= 2 * torch_err + 1e-3
+
+
+def test_matmul_strided_operands():
+    a = torch.randn(50, 40, device=DEVICE).t()  # (40, 50), column-major
+    b = torch.randn(70, 50, device=DEVICE)[::2].t()  # (50, 35), strided rows and columns
+    torch.testing.assert_close(matmul(a, b).double(), matmul_mod.reference(a, b), atol=1e-4, rtol=1e-4)
+
+
+def test_matmul_autotune_caches_per_key():
+    kernel = matmul_mod._matmul_kernel
+    a, b = torch.randn(45, 23, device=DEVICE), torch.randn(23, 37, device=DEVICE)
+    before = len(kernel.cache)
+    matmul(a, b)
+    assert len(kernel.cache) == before + 1  # first call of a shape tunes
+    matmul(a, b)
+    assert len(kernel.cache) == before + 1  # second call hits the cache
+    assert kernel.best_config in kernel.configs
+    matmul(torch.randn(46, 23, device=DEVICE), b)
+    assert len(kernel.cache) == before + 2  # a new key re-tunes
+
+
+def test_matmul_bad_inputs():
+    a, b = torch.randn(4, 5, device=DEVICE), torch.randn(5, 6, device=DEVICE)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        matmul(a, a)
+    with pytest.raises(TypeError, match="share one dtype"):
+        matmul(a, b.half())
+    with pytest.raises(TypeError, match="dtype"):
+        matmul(a.int(), b.int())
+    with pytest.raises(ValueError, match="2-D"):
+        matmul(a[0], b)
+    with pytest.raises(ValueError, match="empty"):
+        matmul(a[:0], b)
+    with pytest.raises(ValueError, match="activation"):
+        matmul(a, b, activation="tanh")
+    with pytest.raises(ValueError, match="input_precision"):
+        matmul(a, b, input_precision="tf32x3")
+    with pytest.raises(ValueError, match="bias must have shape"):
+        matmul(a, b, bias=torch.randn(5, device=DEVICE))
+    with pytest.raises(ValueError, match="is on meta"):
+        matmul(torch.empty(4, 5, device="meta"), b)
+
+
+@cpu_lane
+def test_matmul_bf16_refused_on_cpu_lane():
+    with pytest.raises(TypeError, match="interpreter"):
+        matmul(torch.randn(2, 3).bfloat16(), torch.randn(3, 2).bfloat16())
+
+
+# --- GPU lane: the sizes the benchmarks use ----------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_large_shapes():
+    n = (1 << 24) + 3
+    x, y = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
+    torch.testing.assert_close(add_relu(x, y), torch.relu(x + y), atol=0, rtol=0)
+    for dtype in (torch.float32, torch.bfloat16):
+        s = torch.randn(4096, 5000, device=DEVICE).to(dtype)
+        atol, rtol = SOFTMAX_TOL[dtype]
+        expected = torch.softmax(s.float(), dim=1).to(dtype)
+        torch.testing.assert_close(softmax(s), expected, atol=atol, rtol=rtol)
+    a = torch.randn(1000, 1500, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(1500, 700, device=DEVICE, dtype=torch.bfloat16)
+    err = _matmul_error(matmul(a, b), a, b)
+    assert err <= 2 * _matmul_error(a @ b, a, b) + 1e-2

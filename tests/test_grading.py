@@ -1,0 +1,152 @@
+"""The grader cannot be fooled, and its notebook tooling (exercise generation, make grade) works."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+import labkernels  # noqa: F401
+from labkernels.grading import format_record, grade
+from labkernels.grading.notebooks import out_of_sync, strip_solutions, write_exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ["LABKERNELS_EXTRA_EXERCISES"] = "grading_fixtures"
+os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+import submissions  # noqa: E402
+
+
+def test_correct_submission_gets_full_marks():
+    rec = grade("T.1", submissions.correct)
+    assert rec["error"] is None, rec
+    assert (rec["earned"], rec["possible"]) == (3, 3), format_record(rec)
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("raises", "RuntimeError: something went wrong"),
+        ("wrong_answer", "wrong values"),
+        ("partial_write", "never written"),
+        ("out_of_bounds", "wrote outside the output"),
+        ("stale_cache", ""),
+        ("returns_earlier_result", "NameError"),
+    ],
+)
+def test_wrong_submissions_lose_every_point(name, reason):
+    submissions.EARLIER_RESULT = torch.ones(10)
+    rec = grade("T.1", getattr(submissions, name))
+    assert rec["earned"] == 0, format_record(rec)
+    assert rec["possible"] == 3
+    assert all(c["status"] == "fail" for c in rec["cases"]), format_record(rec)
+    assert reason in format_record(rec)
+
+
+def test_stale_result_fails_on_fresh_inputs():
+    rec = grade("T.1", submissions.stale_cache)
+    assert rec["earned"] == 0, format_record(rec)
+
+
+def test_hanging_submission_is_stopped_and_scores_zero():
+    rec = grade("T.1", submissions.hangs, timeout_s=15)
+    assert rec["earned"] == 0
+    assert "timed out" in rec["error"] and "small" in rec["error"]
+
+
+def test_crashing_submission_is_reported_and_scores_zero():
+    rec = grade("T.1", submissions.crashes)
+    assert rec["earned"] == 0
+    assert "crashed (SIGABRT)" in rec["error"]
+
+
+def test_lambdas_and_non_answers_are_refused_with_a_reason():
+    rec = grade("T.1", lambda x, out: None)
+    assert rec["earned"] == 0 and "lambda" in rec["error"]
+    rec = grade("T.1", object())
+    assert rec["earned"] == 0 and "plain data" in rec["error"]
+
+
+def test_speed_cases_are_skipped_on_the_cpu_lane_and_said_so():
+    if labkernels.on_gpu():
+        pytest.skip("CPU-lane behaviour")
+    rec = grade("T.1", submissions.correct, speed=True)
+    assert rec["possible"] == 0
+    assert [c["status"] for c in rec["cases"]] == ["skip"]
+    assert "CPU lane" in format_record(rec)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_speed_case_runs_on_the_gpu():
+    rec = grade("T.1", submissions.correct, speed=True)
+    assert (rec["earned"], rec["possible"]) == (1, 1), format_record(rec)
+
+
+def test_unknown_exercise_is_a_clear_error():
+    with pytest.raises(KeyError, match="no exercise '9.9'"):
+        grade("9.9", submissions.correct)
+
+
+def test_strip_solutions_keeps_indentation_and_rejects_unbalanced_markers():
+    src = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"
+    assert strip_solutions(src) == 'def f(x):\n    raise NotImplementedError("Exercise: replace this line with your solution")'
+    with pytest.raises(ValueError, match="without an END"):
+        strip_solutions("### BEGIN SOLUTION\nx = 1\n")
+    with pytest.raises(ValueError, match="without a BEGIN"):
+        strip_solutions("x = 1\n### END SOLUTION\n")
+
+
+def test_committed_exercises_are_in_sync_with_solutions():
+    assert out_of_sync(ROOT / "solutions", ROOT / "exercises") == []
+
+
+def _notebook(path: Path, cells: list[str]) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def test_make_grade_survives_broken_hanging_and_failing_notebooks(tmp_path):
+    sub = tmp_path / "class"
+    sub.mkdir()
+    (sub / "00_roofline_broken.ipynb").write_text("{ this is not json")
+    _notebook(sub / "00_roofline_hangs.ipynb", ["import time\ntime.sleep(120)"])
+    _notebook(sub / "00_roofline_raises.ipynb", ["raise ValueError('oops')", "x = 1"])
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "labkernels", "grade", str(sub), "--json", str(out), "--cell-timeout", "10"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "not a readable notebook" in proc.stdout
+    assert "longer than 10 s" in proc.stdout
+    assert "its check cell did not run" in proc.stdout
+    reports = json.loads(out.read_text())
+    assert len(reports) == 3
+    assert all(r["earned"] == 0 for rep in reports for r in rep["exercises"])
+
+
+def test_make_grade_on_a_missing_folder_says_so(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "labkernels", "grade", str(tmp_path / "nope")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert "no such folder" in proc.stderr
+
+
+def test_write_exercises_round_trip(tmp_path):
+    sol = tmp_path / "solutions"
+    sol.mkdir()
+    _notebook(sol / "00_x.ipynb", ["def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"])
+    ex = tmp_path / "exercises"
+    write_exercises(sol, ex)
+    assert out_of_sync(sol, ex) == []
+    assert "NotImplementedError" in (ex / "00_x.ipynb").read_text()
+    (sol / "00_x.ipynb").write_text((sol / "00_x.ipynb").read_text().replace("def f()", "def g()"))
+    assert out_of_sync(sol, ex) == [f"{ex / '00_x.ipynb'} is stale"]
