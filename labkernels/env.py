@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -20,6 +21,8 @@ def device_name() -> str:
 
 
 def git_revision() -> str:
+    if os.environ.get("LABKERNELS_GIT_REV"):  # set where the checkout travels without its .git
+        return os.environ["LABKERNELS_GIT_REV"]
     root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(

@@ -21,12 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkernels.ch02_strides.views import (
-    check_inside_storage,
-    flat_read_overrun_bytes,
-    may_overlap,
-    storage_numel,
-)
+from labkernels.ch02_strides.views import check_out, check_view, flat_read_overrun_bytes, storage_numel
 from labkernels.lane import LANE, require_device
 from labkernels.timing import autotune_bench
 
@@ -42,47 +37,19 @@ def reference_add_relu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 # --- checks shared by the launchers -------------------------------------------------------------------------
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INT32_MAX = 2**31 - 1
 
 
 def _check_input(x: torch.Tensor, name: str, ndim: int | None = 2) -> None:
+    check_view(x, name, ndim=ndim)
     require_device(x, name)
-    if x.dtype not in _DTYPES:
-        raise TypeError(f"{name} has dtype {x.dtype}; supported: {', '.join(str(d) for d in _DTYPES)}")
     if x.dtype == torch.bfloat16 and LANE == "cpu":
         raise TypeError(f"{name} is bfloat16, which the Triton interpreter (CPU lane) computes wrongly")
-    if ndim is not None and x.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
-    if any(n <= 0 for n in x.shape):
-        raise ValueError(f"{name} has shape {tuple(x.shape)}: every size must be positive")
-    check_inside_storage(x, name)
-
-
-def _output(out: torch.Tensor | None, shape, like: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Allocate a contiguous output, or check the one given: same device/dtype/shape, contiguous, and not
-    overlapping any input (a kernel reading x while writing out would read its own results)."""
-    if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    require_device(out, "out")
-    if out.device != like.device:
-        raise ValueError(f"out is on {out.device}, the input on {like.device}")
-    if out.dtype != like.dtype:
-        raise TypeError(f"out has dtype {out.dtype}, the input {like.dtype}")
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    if not out.is_contiguous():
-        raise ValueError(f"out must be contiguous (strides {tuple(out.stride())} for shape {tuple(out.shape)})")
-    check_inside_storage(out, "out")
-    for name, t in inputs.items():
-        if may_overlap(out, t):
-            raise ValueError(f"out overlaps {name} in memory: the kernel would overwrite what it still has to read")
-    return out
 
 
 def _needs_int64(*tensors: torch.Tensor) -> bool:
     """Element offsets computed in int32 wrap past 2**31 - 1: use int64 when any view reaches that far."""
-    return any(storage_numel(t) > _INT32_MAX or t.numel() > _INT32_MAX for t in tensors)
+    return any(storage_numel(t) + 2**16 > _INT32_MAX or t.numel() + 2**16 > _INT32_MAX for t in tensors)
 
 
 # --- (a) contiguous-only ------------------------------------------------------------------------------------
@@ -125,7 +92,7 @@ def copy_flat(x: torch.Tensor, out: torch.Tensor | None = None, *, check_contigu
             f"{(x.storage_offset() + x.numel()) * es}) of a {storage_numel(x) * es}-byte storage, "
             f"{overrun} bytes past its end"
         )
-    out = _output(out, x.shape, x, {"x": x})
+    out = check_out(out, x.shape, x, {"x": x})
     n = x.numel()
     block = 1024 if LANE == "gpu" else 4096  # the interpreter pays per program: few, large blocks
     grid = (triton.cdiv(n, block),)
@@ -161,7 +128,7 @@ def _copy_2d_naive_kernel(
 def copy_2d_naive(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """(b) Contiguous copy of any 2-D view; one flat block of output elements per program."""
     _check_input(x, "x")
-    out = _output(out, x.shape, x, {"x": x})
+    out = check_out(out, x.shape, x, {"x": x})
     M, N = x.shape
     block = 1024 if LANE == "gpu" else 4096
     grid = (triton.cdiv(M * N, block),)
@@ -230,7 +197,7 @@ def copy_2d_tiled(
     Without block_m/block_n the tile is autotuned (GPU lane) per shape and layout; with them, that tile.
     """
     _check_input(x, "x")
-    out = _output(out, x.shape, x, {"x": x})
+    out = check_out(out, x.shape, x, {"x": x})
     M, N = x.shape
     index_64 = _needs_int64(x, out)
     if (block_m is None) != (block_n is None):
@@ -295,7 +262,7 @@ def add_relu_2d(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = Non
         raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
     if x.device != y.device:
         raise ValueError(f"x is on {x.device} but y is on {y.device}")
-    out = _output(out, x.shape, x, {"x": x, "y": y})
+    out = check_out(out, x.shape, x, {"x": x, "y": y})
     M, N = x.shape
     bm, bn = (64, 64) if LANE == "gpu" else (64, 128)
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)

@@ -118,6 +118,46 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return ra is not None and rb is not None and ra[0] < rb[1] and rb[0] < ra[1]
 
 
+# --- input checks shared by every ch02 launcher and op wrapper ----------------------------------------------
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_view(x, name: str, *, ndim: int | None = None, dtypes=FLOAT_DTYPES) -> None:
+    """A readable view: a tensor of a supported dtype (and rank), positive sizes, inside its storage."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {x.dtype}; supported: {', '.join(str(d) for d in dtypes)}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+    if any(n <= 0 for n in x.shape):
+        raise ValueError(f"{name} has shape {tuple(x.shape)}: every size must be positive")
+    check_inside_storage(x, name)
+
+
+def check_out(out, shape, like: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Allocate a contiguous output like `like`, or check the one given: same device, dtype and shape,
+    contiguous, and not overlapping any input (a kernel would overwrite what it still has to read)."""
+    if out is None:
+        return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.device != like.device:
+        raise ValueError(f"out is on {out.device}, the input on {like.device}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"out has dtype {out.dtype}, the input {like.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous (strides {tuple(out.stride())} for shape {tuple(out.shape)})")
+    check_inside_storage(out, "out")
+    for name, t in inputs.items():
+        if may_overlap(out, t):
+            raise ValueError(f"out overlaps {name} in memory: the kernel would overwrite what it still has to read")
+    return out
+
+
 def describe(t: torch.Tensor) -> str:
     """One line: sizes, strides, storage offset (elements), contiguity. Lane-independent."""
     return (
@@ -228,6 +268,34 @@ def apply_view_ops(t: torch.Tensor, ops) -> torch.Tensor:
         else:
             raise ValueError(f"unknown view op {kind!r}; known: {VIEW_OPS}")
     return t
+
+
+def random_view_op(t: torch.Tensor, rng, kinds: Sequence[str] = VIEW_OPS) -> tuple:
+    """A random valid view op for `t` (rng: a random.Random), of one of `kinds`; never yields an empty view."""
+    nd = t.dim()
+    kind = rng.choice(list(kinds))
+    if nd == 0:
+        return ("unsqueeze", 0)
+    d = rng.randrange(nd)
+    n = t.shape[d]
+    if kind == "transpose":
+        return (kind, rng.randrange(nd), rng.randrange(nd))
+    if kind == "permute":
+        dims = list(range(nd))
+        rng.shuffle(dims)
+        return (kind, tuple(dims))
+    if kind == "slice":
+        start = rng.randrange(n)
+        return (kind, d, start, rng.randint(start + 1, n), rng.randint(1, 3))
+    if kind == "narrow":
+        start = rng.randrange(n)
+        return (kind, d, start, rng.randint(1, n - start))
+    if kind == "select" and nd > 1:
+        return (kind, d, rng.randrange(n))
+    if kind == "expand":
+        target = [rng.choice([m, 3]) if m == 1 else rng.choice([m, -1]) for m in t.shape]
+        return (kind, tuple(([2] if rng.random() < 0.3 else []) + target))
+    return ("unsqueeze", rng.randint(-nd - 1, nd))
 
 
 # --- random 2-D views, poisoned around, for tests and the grader --------------------------------------------

@@ -1,0 +1,130 @@
+"""The course extension's chapter-01 ops, as Python functions (thin: check, then call the registered op).
+
+    add_relu(x, y)            relu(x + y) in one pass. CPU: at::parallel_for over the cores. CUDA: 16-byte
+                              vector loads and stores (float4 for fp32, 8 halves), a scalar tail.
+    add_relu_naive(x, y)      the same, the simple way. CPU: one thread. CUDA: one element per thread.
+    add_relu_out(x, y, out)   add_relu into a preallocated `out` (returns `out`).
+    scale_shift(x, a, b)      x * a + b, one dtype-generic implementation (AT_DISPATCH_..._AND2).
+
+Each is `torch.ops.labkernels.<name>.default` underneath: an operator with a schema, registered with
+`TORCH_LIBRARY_FRAGMENT` and implemented per device with `TORCH_LIBRARY_IMPL`. `register_fake` gives
+torch.compile each op's output metadata, so a compiled graph can hold the op without running it.
+The extension is built on the first call (`load()`), not when this module is imported.
+Traffic: add_relu reads 2n and writes n elements; scale_shift reads n and writes n.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkernels.ch01_jit import build
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+_library_path: str | None = None
+
+
+def load(verbose: bool = False) -> str:
+    """Build (the first time: seconds on a laptop, from the cache afterwards) and load the extension."""
+    global _library_path
+    if _library_path is None:
+        path = build.load(verbose=verbose)
+        _register_fakes()  # register_fake needs the operators to exist: after the library is loaded
+        _library_path = path
+    return _library_path
+
+
+def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """add_relu in plain torch: two kernels, the sum goes to memory and back (read 3n, write 2n)."""
+    return torch.relu(x + y)
+
+
+def scale_shift_reference(x: torch.Tensor, a: float, b: float) -> torch.Tensor:
+    return x * a + b
+
+
+def _check_tensor(t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must have dtype float32, float64, float16 or bfloat16, got {t.dtype}")
+
+
+def _check_same_device(*named: tuple[str, torch.Tensor]) -> None:
+    (first_name, first), *rest = named
+    for name, t in rest:
+        if t.device != first.device:
+            raise ValueError(
+                f"{first_name} and {name} must be on the same device, got {first.device} and {t.device}"
+            )
+
+
+def _check_number(v, name: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TypeError(f"{name} must be a Python float, got {type(v).__name__}")
+
+
+def add_relu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """relu(x + y) in one pass over contiguous tensors of one shape, dtype and device."""
+    _check_tensor(x, "x")
+    _check_tensor(y, "y")
+    _check_same_device(("x", x), ("y", y))
+    if _library_path is None:
+        load()
+    return torch.ops.labkernels.add_relu.default(x, y)
+
+
+def add_relu_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The teaching version of add_relu (CPU: a single thread; CUDA: one element per thread)."""
+    _check_tensor(x, "x")
+    _check_tensor(y, "y")
+    _check_same_device(("x", x), ("y", y))
+    if _library_path is None:
+        load()
+    return torch.ops.labkernels.add_relu_naive.default(x, y)
+
+
+def add_relu_out(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """add_relu written into `out` (contiguous, same shape, dtype and device as x); returns `out`."""
+    _check_tensor(x, "x")
+    _check_tensor(y, "y")
+    _check_tensor(out, "out")
+    _check_same_device(("x", x), ("y", y), ("out", out))
+    if _library_path is None:
+        load()
+    torch.ops.labkernels.add_relu_out.default(x, y, out)
+    return out
+
+
+def scale_shift(x: torch.Tensor, a: float, b: float) -> torch.Tensor:
+    """x * a + b, computed in float (double for float64) and rounded once."""
+    _check_tensor(x, "x")
+    _check_number(a, "a")
+    _check_number(b, "b")
+    if _library_path is None:
+        load()
+    return torch.ops.labkernels.scale_shift.default(x, float(a), float(b))
+
+
+# Fakes: the output's shape, dtype, device and strides from the inputs' alone (what torch.compile traces
+# with). They must agree with the real kernels, which `torch.library.opcheck` verifies.
+def _add_relu_fake(x, y):
+    torch._check(x.shape == y.shape, lambda: f"x and y must have the same shape, got {x.shape} and {y.shape}")
+    torch._check(x.dtype == y.dtype, lambda: f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
+    torch._check(x.device == y.device, lambda: f"x and y must be on the same device, got {x.device} and {y.device}")
+    return torch.empty_like(x)
+
+
+def _add_relu_out_fake(x, y, out):
+    return None
+
+
+def _scale_shift_fake(x, a, b):
+    return torch.empty_like(x)
+
+
+def _register_fakes() -> None:
+    torch.library.register_fake("labkernels::add_relu", _add_relu_fake)
+    torch.library.register_fake("labkernels::add_relu_naive", _add_relu_fake)
+    torch.library.register_fake("labkernels::add_relu_out", _add_relu_out_fake)
+    torch.library.register_fake("labkernels::scale_shift", _scale_shift_fake)

@@ -1,0 +1,228 @@
+"""Chapter 03 benchmarks (`make bench`, GPU lane): the H200 references the notebook shows beside your numbers.
+
+The measuring functions are plain (they return a `Table`), so the notebook's widgets call them too; the
+`@benchmark` functions fix the sizes recorded in `labkernels/reference/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from triton.runtime.errors import OutOfResources
+
+from labkernels import timing, traffic
+from labkernels.bench import benchmark
+from labkernels.ch03_triton import softmax as softmax_mod
+from labkernels.ch03_triton.add_relu import add_relu
+from labkernels.ch03_triton.matmul import _matmul_kernel, matmul
+from labkernels.ch03_triton.softmax import softmax
+from labkernels.lane import DEVICE
+from labkernels.results import Table
+from labkernels.roofline import measure_copy_bandwidth
+from labkernels.sweep import sweep
+
+
+def _random(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# --- add + relu ------------------------------------------------------------------------------------------
+
+
+def add_relu_rows(n: int, copy_gbps: float, dtype: torch.dtype = torch.float32) -> list[dict]:
+    """Triton's fused kernel against torch eager (two kernels) at one size."""
+    x, y = _random(n, dtype=dtype), _random(n, dtype=dtype)
+    out = torch.empty_like(x)
+    rows = []
+    for impl, fn, t in [
+        ("triton", lambda: add_relu(x, y, out), traffic.add_relu(n, dtype)),
+        ("torch", lambda: torch.relu(x + y), traffic.add_relu(n, dtype, fused=False)),
+    ]:
+        ms = timing.time_ms(fn)
+        gbps = timing.gbps(t.bytes, ms)
+        rows.append(
+            {
+                "n": n,
+                "dtype": _dtype_name(dtype),
+                "impl": impl,
+                "ms": ms,
+                "gbps": gbps,
+                "fraction_of_copy": gbps / copy_gbps,
+            }
+        )
+    rows[0]["speedup_vs_torch"] = rows[1]["ms"] / rows[0]["ms"]
+    return rows
+
+
+@benchmark("ch03_add_relu")
+def bench_add_relu() -> list[dict]:
+    copy_gbps = measure_copy_bandwidth()
+    return [row for p in range(16, 29, 2) for row in add_relu_rows(1 << p, copy_gbps)]
+
+
+def block_sweep(sizes: list[int], block_sizes: list[int], num_warps: list[int], copy_gbps: float) -> Table:
+    """add_relu at fixed (BLOCK_SIZE, num_warps): GB/s and the fraction of copy bandwidth it reaches."""
+    buffers = {}
+
+    def measure(n, block_size, num_warps):
+        if num_warps * 32 > block_size:  # more threads than elements: lanes would sit idle
+            return {"ms": float("nan"), "gbps": float("nan"), "fraction_of_copy": float("nan")}
+        if n not in buffers:
+            buffers.clear()
+            buffers[n] = (_random(n), _random(n), torch.empty(n, device=DEVICE))
+        x, y, out = buffers[n]
+        ms = timing.time_ms(lambda: add_relu(x, y, out, block_size=block_size, num_warps=num_warps))
+        gbps = timing.gbps(traffic.add_relu(n).bytes, ms)
+        return {"ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps}
+
+    grid = {"n": sizes, "block_size": block_sizes, "num_warps": num_warps}
+    return Table(r for r in sweep(measure, grid, desc="BLOCK_SIZE x num_warps") if r["ms"] == r["ms"])
+
+
+@benchmark("ch03_block_sweep")
+def bench_block_sweep() -> list[dict]:
+    copy_gbps = measure_copy_bandwidth()
+    blocks = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    return block_sweep([1 << 20, 1 << 24, 1 << 28], blocks, [1, 2, 4, 8, 16], copy_gbps).rows
+
+
+# --- softmax -----------------------------------------------------------------------------------------------
+
+
+def softmax_rows(
+    n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps: float, naive: bool = True
+) -> list[dict]:
+    """Triton's fused softmax against torch.softmax (also one kernel) and the naive five-kernel reference."""
+    x = _random(n_rows, n_cols, dtype=dtype)
+    fused = traffic.softmax(n_rows, n_cols, dtype)
+    impls = [("triton", lambda: softmax(x), fused), ("torch", lambda: torch.softmax(x, dim=1), fused)]
+    if naive:
+        impls.append(
+            ("naive", lambda: softmax_mod.reference(x), traffic.softmax(n_rows, n_cols, dtype, fused=False))
+        )
+    rows = []
+    for impl, fn, t in impls:
+        ms = timing.time_ms(fn)
+        gbps = timing.gbps(t.bytes, ms)
+        rows.append(
+            {
+                "rows": n_rows,
+                "cols": n_cols,
+                "dtype": _dtype_name(dtype),
+                "impl": impl,
+                "ms": ms,
+                "gbps": gbps,
+                "fraction_of_copy": gbps / copy_gbps,
+            }
+        )
+    rows[0]["speedup_vs_torch"] = rows[1]["ms"] / rows[0]["ms"]
+    return rows
+
+
+@benchmark("ch03_softmax")
+def bench_softmax() -> list[dict]:
+    copy_gbps = measure_copy_bandwidth()
+    rows = []
+    for shape in [(8192, 8192), (8192, 5000)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            rows += [{"sweep": "headline", **r} for r in softmax_rows(*shape, dtype, copy_gbps)]
+    for n_cols in [128, 256, 512, 1000, 1024, 2048, 3000, 4096, 5000, 8192, 12000, 16384, 32768]:
+        rows += [{"sweep": "width", **r} for r in softmax_rows(4096, n_cols, torch.float32, copy_gbps)]
+    return rows
+
+
+@benchmark("ch03_softmax_configs")
+def bench_softmax_configs() -> list[dict]:
+    """num_warps x num_stages at the headline shape: what the default choice leaves on the table."""
+    copy_gbps = measure_copy_bandwidth()
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _random(8192, 8192, dtype=dtype)
+        nbytes = traffic.softmax(8192, 8192, dtype).bytes
+        for num_warps in (4, 8, 16, 32):
+            for num_stages in (1, 2, 3, 4):
+                row = {"dtype": _dtype_name(dtype), "num_warps": num_warps, "num_stages": num_stages}
+                try:
+                    ms = timing.time_ms(
+                        lambda x=x, w=num_warps, s=num_stages: softmax(x, num_warps=w, num_stages=s)
+                    )
+                except OutOfResources as e:  # too much shared memory for this many stages
+                    rows.append({**row, "ms": float("nan"), "error": str(e)[:80]})
+                    continue
+                gbps = timing.gbps(nbytes, ms)
+                rows.append({**row, "ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps})
+    return rows
+
+
+# --- matmul ------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _cublas_tf32(enabled: bool):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ieee") -> list[dict]:
+    """Triton's autotuned matmul against cuBLAS (torch.matmul, with TF32 on or off to match `precision`)."""
+    a, b = _random(m, k, dtype=dtype), _random(k, n, dtype=dtype)
+    t = traffic.matmul(m, n, k, dtype)
+    label = precision if dtype == torch.float32 else _dtype_name(dtype)
+    matmul(a, b, input_precision=precision)  # autotune outside the timed region
+    config = _matmul_kernel.best_config
+    rows = []
+    with _cublas_tf32(precision == "tf32"):
+        for impl, fn in [
+            ("triton", lambda: matmul(a, b, input_precision=precision)),
+            ("cublas", lambda: a @ b),
+        ]:
+            ms = timing.time_ms(fn)
+            rows.append(
+                {
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "dtype": _dtype_name(dtype),
+                    "precision": label,
+                    "impl": impl,
+                    "ms": ms,
+                    "tflops": timing.tflops(t.flops, ms),
+                    "intensity": t.intensity,
+                }
+            )
+    rows[0]["ratio_vs_cublas"] = rows[1]["ms"] / rows[0]["ms"]
+    rows[0]["config"] = " ".join(f"{k.removeprefix('BLOCK_SIZE_')}={v}" for k, v in config.kwargs.items()) + (
+        f" warps={config.num_warps} stages={config.num_stages}"
+    )
+    return rows
+
+
+MATMUL_SHAPES = [
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (512, 4096, 4096),
+    (4096, 4096, 512),
+    (4096, 512, 4096),
+]
+
+
+@benchmark("ch03_matmul")
+def bench_matmul() -> list[dict]:
+    rows = []
+    for shape in MATMUL_SHAPES:
+        rows += matmul_rows(*shape, torch.bfloat16)
+    rows += matmul_rows(4096, 4096, 4096, torch.float16)
+    for precision in ("tf32", "ieee"):
+        rows += matmul_rows(4096, 4096, 4096, torch.float32, precision)
+    return rows
