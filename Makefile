@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 export MPLBACKEND ?= Agg
 
-.PHONY: lab venv test test-gpu bench exercises grade lint clean
+.PHONY: lab venv test test-gpu bench outputs exercises grade lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ test-gpu:
 
 bench:
 	$(PYTHON) -m labkernels bench
+
+# Re-execute the chapters and solutions in place, in the current environment, to store this lane's outputs
+# (the committed outputs come from an H200: run this on a GPU, then `make exercises`).
+outputs:
+	MPLBACKEND=module://matplotlib_inline.backend_inline $(PYTHON) -m labkernels execute notebooks/*.ipynb solutions/*.ipynb
 
 exercises: venv
 	$(VPY) -m labkernels exercises

@@ -52,6 +52,21 @@ def _bench(args) -> int:
     return 0
 
 
+def _execute(args) -> int:
+    """Execute notebooks in place (stores this lane's outputs); stops at the first failing notebook."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    for name in args.notebooks:
+        path = Path(name)
+        nb = nbformat.read(path, as_version=4)
+        print(f"executing {path} ...", flush=True)
+        NotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+        nbformat.write(nb, path)
+    return 0
+
+
 def _report(_args) -> int:
     from labkernels.env import print_report
 
@@ -76,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="record the GPU reference results shipped in labkernels/reference")
     b.add_argument("names", nargs="*")
     b.set_defaults(func=_bench)
+    x = sub.add_parser("execute", help="execute notebooks in place, storing this lane's outputs")
+    x.add_argument("notebooks", nargs="+")
+    x.add_argument("--cell-timeout", type=int, default=1200)
+    x.set_defaults(func=_execute)
     r = sub.add_parser("report", help="print the environment report")
     r.set_defaults(func=_report)
     args = parser.parse_args(argv)

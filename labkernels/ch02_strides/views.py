@@ -340,7 +340,10 @@ def random_2d_view(
     top = span(sizes, strides, offset)[1]
     buffer = torch.full((top + 1 + guard,), poison, dtype=dtype, device=device)
     view = buffer.as_strided(sizes, strides, offset)
-    positions = storage_positions(view).reshape(-1).unique().to(buffer.device)
+    positions = storage_positions(view).reshape(-1)
+    if kind.startswith("expand"):  # stride 0: several view elements share a cell
+        positions = positions.unique()
+    positions = positions.to(buffer.device)
     values = torch.randn(positions.numel(), generator=generator, dtype=torch.float64)
     buffer[positions] = values.to(device=device, dtype=dtype)
     return view
