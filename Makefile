@@ -25,10 +25,13 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 lab: venv
-	@echo "Serving the course at http://127.0.0.1:$(PORT)/lab (Ctrl-C stops it)"
+	@token=$$($(VPY) -c 'import secrets; print(secrets.token_hex(16))'); \
+	echo "Serving the course at http://127.0.0.1:$(PORT)/lab?token=$$token  (Ctrl-C stops it)"; \
 	MPLBACKEND=module://matplotlib_inline.backend_inline $(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 \
-	  --port=$(PORT) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/README.md \
-	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate
+	  --port=$(PORT) --IdentityProvider.token=$$token --ServerApp.root_dir=$(CURDIR) \
+	  --LabApp.default_url=/lab/tree/README.md --LabApp.news_url=None \
+	  --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -125,6 +126,24 @@ def unity_files(directory: Path) -> list[Path]:
     return files
 
 
+def ensure_ninja_on_path() -> None:
+    """torch builds with `ninja` found on PATH. A notebook kernel started from a virtual environment that was
+    not activated does not have the environment's bin/ (where pip put ninja) on PATH: add it."""
+    if shutil.which("ninja"):
+        return
+    candidates = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+
+        candidates.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for directory in candidates:
+        if shutil.which("ninja", path=directory):
+            os.environ["PATH"] = os.pathsep.join([directory, os.environ.get("PATH", "")])
+            return
+
+
 def cuda_arch() -> str | None:
     """'9.0' on an H200: the capability of the current GPU, so nvcc compiles for it alone."""
     if not torch.cuda.is_available():
@@ -163,6 +182,7 @@ def load(verbose: bool = False) -> str:
 
     from labkernels.ch01_jit import diagnostics
 
+    ensure_ninja_on_path()
     cpp_extension.verify_ninja_availability()
     directory = build_directory()
     diagnostics.check_lock(directory)

@@ -68,9 +68,9 @@ class LockStatus:
             else f"it is older than {FALLBACK_STALE_SECONDS:.0f} s"
         )
         return (
-            f"Stale build lock: {self.lock} is {self.age_seconds:.0f} s old and {why}, so an earlier build of "
-            "this extension was interrupted (a kernel restarted or killed mid-build). torch's FileBaton would "
-            "wait on it forever, so the build looks like it hangs.\n"
+            f"Stale build lock: {self.lock} is {self.age_seconds:.0f} s old and {why}, so an earlier "
+            "build of this extension was interrupted (a kernel restarted or killed mid-build). torch's "
+            "FileBaton would wait on it forever, so the build looks like it hangs.\n"
             f"Fix: delete the file, then run again:\n"
             f"    from labkernels.ch01_jit.diagnostics import clear_stale_lock; "
             f"clear_stale_lock({str(self.lock.parent)!r})\n"
@@ -170,8 +170,13 @@ def _torch_default_root() -> Path:
 # ----------------------------------------------------------------------------------------------------------
 
 # g++/clang: "path:12:5: error: msg" (also "fatal error:"); nvcc: "path(12): error: msg".
-_GCC_ERROR = re.compile(r"^(?P<file>[^\s:][^:\n]*?):(?P<line>\d+):(?:(?P<col>\d+):)? (?:fatal )?error: (?P<msg>.+)$")
+_GCC_ERROR = re.compile(
+    r"^(?P<file>[^\s:][^:\n]*?):(?P<line>\d+):(?:(?P<col>\d+):)? (?:fatal )?error: (?P<msg>.+)$"
+)
 _NVCC_ERROR = re.compile(r"^(?P<file>[^\s(][^(\n]*)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.+)$")
+_INCLUDED_FROM = re.compile(r"(?:In file included|from) (?:from )?(?P<file>[^\s:]+):(?P<line>\d+)")
+#: The files load_inline writes the learner's strings to.
+USER_FILES = ("main.cpp", "cuda.cu")
 _LINK_ERROR = re.compile(r"(undefined reference to .+|ld returned \d+ exit status|cannot find -l\S+)")
 
 
@@ -184,14 +189,28 @@ class CompilerMessage:
 
 
 def first_compiler_error(log: str) -> CompilerMessage | None:
-    """The first `error:` in a ninja/g++/nvcc log (the one to fix first: later ones often follow from it)."""
+    """The first `error:` in a ninja/g++/nvcc log (the one to fix first: later ones often follow from it).
+
+    An error inside a header is reported at the line of the learner's file that included it
+    (`In file included from .../main.cpp:12`), with the header's own message.
+    """
+    included_from: tuple[str, int] | None = None
     for raw in log.splitlines():
         line = raw.strip()
+        inc = _INCLUDED_FROM.search(line)
+        if inc and Path(inc["file"]).name in USER_FILES:
+            included_from = (inc["file"], int(inc["line"]))
         for pattern in (_GCC_ERROR, _NVCC_ERROR):
             m = pattern.match(line)
             if m:
                 col = m.groupdict().get("col")
-                return CompilerMessage(m["file"], int(m["line"]), int(col) if col else None, m["msg"].strip())
+                message = m["msg"].strip()
+                if Path(m["file"]).name not in USER_FILES and included_from is not None:
+                    header = m["file"]
+                    return CompilerMessage(
+                        included_from[0], included_from[1], None, f"{message} (in {header})"
+                    )
+                return CompilerMessage(m["file"], int(m["line"]), int(col) if col else None, message)
     m = _LINK_ERROR.search(log)
     if m:
         return CompilerMessage("<linker>", None, None, m.group(1))
@@ -205,7 +224,9 @@ class CompileError(RuntimeError):
         self, name: str, message: CompilerMessage | None, source: str | None, log: str, line_offset: int = 0
     ):
         if message is not None and message.line is not None and line_offset:
-            message = CompilerMessage(message.file, message.line - line_offset, message.column, message.message)
+            message = CompilerMessage(
+                message.file, message.line - line_offset, message.column, message.message
+            )
         self.name = name
         self.first = message
         self.log = log
@@ -218,11 +239,16 @@ def _format_compile_error(name: str, msg: CompilerMessage | None, source: str | 
         return f"extension {name!r} failed to build (no compiler error found; last lines of the log):\n{tail}"
     if msg.file == "<linker>":
         return f"extension {name!r} failed to link: {msg.message}"
-    user_file = Path(msg.file).name in ("main.cpp", "cuda.cu")
+    user_file = Path(msg.file).name in USER_FILES
     where = f"line {msg.line}" if user_file else f"{msg.file}:{msg.line}"
+    lines = source.splitlines() if source is not None else []
+    if user_file and msg.line is not None and lines and msg.line > len(lines):
+        where = (
+            "after the end of your source, in the lines added for `functions` (is every function named there "
+            "defined? is a { or ( left open?)"
+        )
     out = [f"extension {name!r} failed to compile: {where}: error: {msg.message}"]
-    if user_file and source is not None and msg.line is not None:
-        lines = source.splitlines()
+    if user_file and msg.line is not None:
         if 1 <= msg.line <= len(lines):
             text = lines[msg.line - 1]
             out.append(f"    {msg.line} | {text}")
@@ -273,8 +299,9 @@ def build_inline(
     """
     from torch.utils.cpp_extension import load_inline
 
-    from labkernels.ch01_jit.build import extensions_root, openmp_flags
+    from labkernels.ch01_jit.build import ensure_ninja_on_path, extensions_root, openmp_flags
 
+    ensure_ninja_on_path()
     flags = ["-O2", *openmp_flags(), *(extra_cflags or [])]
     if unique:
         name = inline_name(name, cpp_source, cuda_source, functions, flags)

@@ -111,7 +111,9 @@ def scale_shift(x: torch.Tensor, a: float, b: float) -> torch.Tensor:
 def _add_relu_fake(x, y):
     torch._check(x.shape == y.shape, lambda: f"x and y must have the same shape, got {x.shape} and {y.shape}")
     torch._check(x.dtype == y.dtype, lambda: f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
-    torch._check(x.device == y.device, lambda: f"x and y must be on the same device, got {x.device} and {y.device}")
+    torch._check(
+        x.device == y.device, lambda: f"x and y must be on the same device, got {x.device} and {y.device}"
+    )
     return torch.empty_like(x)
 
 

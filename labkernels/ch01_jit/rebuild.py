@@ -39,13 +39,18 @@ _FLAG = "-DLABKERNELS_REBUILD_DEMO=1"
 
 def scenarios() -> list[tuple[str, str, str]]:
     """(api, edit, process) for every meaningful combination: 14 of them."""
-    return [(a, e, p) for a in APIS for e in EDITS for p in PROCESSES if not (a == "load_inline" and e == "touch")]
+    return [
+        (a, e, p) for a in APIS for e in EDITS for p in PROCESSES if not (a == "load_inline" and e == "touch")
+    ]
 
 
 def _build(api: str, directory: Path, name: str, source: str, flags: list[str]) -> Path:
     """Build (or not) the tiny extension; return the library path torch loaded."""
     from torch.utils import cpp_extension
 
+    from labkernels.ch01_jit.build import ensure_ninja_on_path
+
+    ensure_ninja_on_path()
     directory.mkdir(parents=True, exist_ok=True)
     common = dict(name=name, extra_cflags=flags, build_directory=str(directory), is_python_module=False)
     if api == "load":
@@ -107,14 +112,24 @@ def measure_rebuilds(root: str | os.PathLike | None = None) -> Table:
             (directory / "tiny.cpp").write_text(_SOURCE)
         first = _signature(_build(api, directory, name, _SOURCE, []))
         source, flags = _apply(api, edit, directory)
-        jobs.append(dict(api=api, edit=edit, process=process, dir=str(directory), name=name, source=source,
-                         flags=flags, first=first))
+        jobs.append(
+            dict(
+                api=api,
+                edit=edit,
+                process=process,
+                dir=str(directory),
+                name=name,
+                source=source,
+                flags=flags,
+                first=first,
+            )
+        )
     same = [j for j in jobs if j["process"] == "same"]
     new = [j for j in jobs if j["process"] == "new"]
-    for job, second in zip(same, _second_calls(same)):
+    for job, second in zip(same, _second_calls(same), strict=True):
         job["second"] = second
     if new:
-        for job, second in zip(new, _in_new_process(new)):
+        for job, second in zip(new, _in_new_process(new), strict=True):
             job["second"] = second
     rows = [
         {"api": j["api"], "edit": j["edit"], "process": j["process"], "rebuilt": j["second"] != j["first"]}
@@ -133,7 +148,10 @@ def _in_new_process(jobs: list[dict]) -> list[list]:
             capture_output=True,
             text=True,
             timeout=600,
-            env={**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")},
+            env={
+                **os.environ,
+                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            },
         )
     finally:
         os.unlink(spec)

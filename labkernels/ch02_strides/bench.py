@@ -16,6 +16,7 @@ from labkernels import timing, traffic
 from labkernels.bench import benchmark
 from labkernels.ch02_strides import triton_strided
 from labkernels.lane import DEVICE, LANE, size
+from labkernels.results import Table
 
 SIZES = size(cpu=[256, 512, 1024, 2048], gpu=[1024, 2048, 4096, 8192, 16384])
 
@@ -101,3 +102,68 @@ def transpose() -> list[dict]:
             row["fraction_of_copy"] = row["gbps"] / copy_gbps
             rows.append(row)
     return rows
+
+
+# --- the notebook's sweep, plot, break-even and widget ------------------------------------------------------
+
+
+def transpose_sweep(sizes: list[int] | None = None, impls: list[str] | None = None) -> Table:
+    """Time each implementation at each size on this lane (a progress bar shows the way)."""
+    from labkernels.sweep import sweep
+
+    impls = impls or impls_for_lane()
+    return sweep(lambda n, impl: measure(impl, n), {"n": sizes or SIZES, "impl": impls}, desc="transpose")
+
+
+def plot_transpose(
+    table: Table, ax=None, reference: Table | None = None, copy_gbps: float | None = None, title: str | None = None
+):
+    """GB/s (traffic model) against n, one line per implementation; the reference rows of the same
+    implementations dashed beside them; the copy bandwidth as the roof."""
+    from labkernels.sweep import plot_sweep
+
+    if reference is not None:
+        reference = Table(r for r in reference.rows if r["impl"] in table.unique("impl"))
+    ax = plot_sweep(table, x="n", y="gbps", by="impl", reference=reference, ax=ax, title=title,
+                    ylabel="GB/s (traffic model)")
+    if copy_gbps:
+        ax.axhline(copy_gbps, color="black", lw=1, ls=":", label="copy bandwidth (the roof)")
+        ax.legend(fontsize=7)
+    return ax
+
+
+def break_even_uses(table: Table, n: int, strided: str) -> float:
+    """How many uses of the data make copy-first cheaper than a stride-aware kernel at size n.
+
+    Copy first: one transpose, then k passes of the contiguous kernel. Stride-aware: k strided passes.
+    Equal when k = t_transpose / (t_strided - t_kernel); infinite when the strided pass is as fast.
+    """
+    ms = {r["impl"]: r["ms"] for r in table.where(n=n).rows}
+    for name in ("torch .contiguous()", "kernel alone (contiguous input)", strided):
+        if name not in ms:
+            raise KeyError(f"no {name!r} row at n={n}")
+    penalty = ms[strided] - ms["kernel alone (contiguous input)"]
+    return float("inf") if penalty <= 0 else ms["torch .contiguous()"] / penalty
+
+
+def transpose_widget():
+    """Pick sizes and implementations, run the sweep here, and see it beside the H200 reference."""
+    import ipywidgets as widgets
+
+    from labkernels.results import load_reference
+    from labkernels.widgets import SweepWidget
+
+    reference = load_reference("ch02_transpose")
+
+    def compute(largest: int, impls: tuple[str, ...]) -> Table:
+        return transpose_sweep([n for n in SIZES if n <= largest], list(impls))
+
+    def plot(table: Table, ax) -> None:
+        plot_transpose(table, ax=ax, reference=reference, title="transposed fp32 n x n -> contiguous")
+
+    impls = impls_for_lane()
+    controls = {
+        "largest": widgets.Dropdown(options=SIZES, value=SIZES[-2], description="largest n"),
+        "impls": widgets.SelectMultiple(options=impls, value=tuple(impls), description="impls", rows=len(impls)),
+    }
+    return SweepWidget(compute, plot, controls)

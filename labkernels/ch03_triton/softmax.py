@@ -138,8 +138,8 @@ def softmax(x: torch.Tensor, *, num_warps: int | None = None, num_stages: int | 
         raise ValueError(f"softmax: x is empty, shape {tuple(x.shape)}")
     if n_cols > MAX_COLS:
         raise ValueError(
-            f"softmax: rows of {n_cols} elements are longer than the {MAX_COLS} one program "
-            "holds in registers; this kernel keeps a whole row on chip"
+            f"softmax: a row of {n_cols} elements is longer than the {MAX_COLS} this kernel holds in one "
+            "program's registers"
         )
     out = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
     block_m, block_n, auto_warps = _tile(n_rows, n_cols)

@@ -110,7 +110,7 @@ def _grade_2_3(student, g):
     with g.case("a transposed, narrowed, stepped float16 view", points=1):
         one("offset_transpose_step", torch.float16)
     with g.case("bandwidth >= 60% of copy on a transposed 8192 x 8192 float32", points=2, gpu_only=True):
-        x = views.random_2d_view(8192, 8192, "transpose", device=DEVICE, generator=g.generator)
+        x = g.randn(8192, 8192).t()  # strides (1, 8192); a grader call first, so a skipped case stops here
         out = torch.empty(8192, 8192, device=DEVICE)
         student(x, out)
         g.check_close(out[::97, ::89], x[::97, ::89], atol=0, rtol=0)
