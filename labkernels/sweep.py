@@ -42,9 +42,10 @@ def plot_sweep(
     """Lines of `y` against `x`, one per value of `by`; a reference table is drawn dashed beside them."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
-    _lines(ax, table, x, y, by, style="-o", suffix="")
+    _lines(ax, table, x, y, by, style="-o", suffix="", single="this machine")
     if reference is not None and len(reference):
-        _lines(ax, reference, x, y, by, style="--", suffix=f" ({reference.rows[0].get('device', 'reference')})")
+        device = str(reference.rows[0].get("device", "reference"))
+        _lines(ax, reference, x, y, by, style="--", suffix=f" ({device})", single=device)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -58,10 +59,10 @@ def plot_sweep(
     return ax
 
 
-def _lines(ax, table: Table, x: str, y: str, by: str | None, style: str, suffix: str) -> None:
+def _lines(ax, table: Table, x: str, y: str, by: str | None, style: str, suffix: str, single: str) -> None:
     groups = table.unique(by) if by else [None]
     for group in groups:
         part = table.where(**{by: group}) if by else table
         rows = sorted(part.rows, key=lambda r: r[x])
-        label = f"{group}{suffix}" if by else (suffix.strip(" ()") or y)
+        label = f"{group}{suffix}" if by else single
         ax.plot([r[x] for r in rows], [r[y] for r in rows], style, label=label, markersize=3)

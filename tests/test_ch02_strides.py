@@ -37,7 +37,7 @@ def guarded_out(shape, dtype, device, guard=64):
     return out, check
 
 
-# --- the arithmetic, against torch ----------------------------------------------------------------------------
+# --- the arithmetic, against torch --------------------------------------------------------------------------
 
 
 def test_predict_view_matches_torch_on_random_chains():
@@ -103,7 +103,7 @@ def test_picture_and_widget():
     assert widget.table.rows[0]["strides"][1] == 0
 
 
-# --- Triton kernels ---------------------------------------------------------------------------------------------
+# --- Triton kernels -----------------------------------------------------------------------------------------
 
 TRITON_COPIES = {
     "naive": T.copy_2d_naive,
@@ -143,7 +143,9 @@ def test_triton_add_relu_on_views(kind_y):
     T.add_relu_2d(x, y, out)
     check()
     atol, rtol = TOL[torch.float32]
-    torch.testing.assert_close(out, T.reference_add_relu(x.double(), y.double()).float(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        out, T.reference_add_relu(x.double(), y.double()).float(), atol=atol, rtol=rtol
+    )
 
 
 def test_contiguous_only_kernel_is_wrong_on_a_transpose_and_guarded():
@@ -193,7 +195,7 @@ def test_triton_bad_shapes():
         T.add_relu_2d(torch.randn(6, 6, device=dev), x.t(), x)
 
 
-# --- C++ / CUDA ops -------------------------------------------------------------------------------------------
+# --- C++ / CUDA ops -----------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -273,4 +275,37 @@ def test_cpp_opcheck(ops, device):
     torch.library.opcheck(torch.ops.labkernels.copy_strided.default, (x,))
     torch.library.opcheck(torch.ops.labkernels.copy_2d_tiled.default, (x,))
     torch.library.opcheck(torch.ops.labkernels.add_relu_strided.default, (x, y))
-    torch.library.opcheck(torch.ops.labkernels.copy_strided_out.default, (x, torch.empty(5, 7, device=device)))
+    torch.library.opcheck(
+        torch.ops.labkernels.copy_strided_out.default, (x, torch.empty(5, 7, device=device))
+    )
+
+
+# --- measurement helpers ------------------------------------------------------------------------------------
+
+
+def test_break_even_uses():
+    from labkernels.ch02_strides import bench
+    from labkernels.results import Table
+
+    rows = [
+        {"n": 8, "impl": "torch .contiguous()", "ms": 2.0},
+        {"n": 8, "impl": "kernel alone (contiguous input)", "ms": 1.0},
+        {"n": 8, "impl": "slow", "ms": 5.0},
+        {"n": 8, "impl": "fast", "ms": 1.0},
+    ]
+    assert bench.break_even_uses(Table(rows), 8, "slow") == 0.5
+    assert bench.break_even_uses(Table(rows), 8, "fast") == float("inf")
+
+
+def test_transpose_widget_runs_a_small_sweep():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkernels.ch02_strides import bench
+
+    widget = bench.transpose_widget()
+    widget.controls["largest"].value = bench.SIZES[0]
+    widget.controls["impls"].value = ("torch .contiguous()",)
+    table = widget.run()
+    assert table.column("impl") == ["torch .contiguous()"] and table.column("n") == [bench.SIZES[0]]
+    assert table.rows[0]["gbps"] > 0 and widget.figure is not None

@@ -190,17 +190,26 @@ def load(verbose: bool = False) -> str:
     before = _mtime(library_path(directory))
     start = time.perf_counter()
     with _arch_list(cuda_arch() if with_cuda() else None):
-        path = cpp_extension.load(
-            name=NAME,
-            sources=[str(s) for s in sources],
-            extra_cflags=CFLAGS + openmp_flags() + [f"-I{CSRC}"],
-            extra_cuda_cflags=CUDA_CFLAGS + [f"-I{CSRC}"],
-            extra_ldflags=openmp_flags(),
-            build_directory=str(directory),
-            with_cuda=len(sources) > 1,
-            is_python_module=False,
-            verbose=verbose,
-        )
+        try:
+            path = cpp_extension.load(
+                name=NAME,
+                sources=[str(s) for s in sources],
+                extra_cflags=CFLAGS + openmp_flags() + [f"-I{CSRC}"],
+                extra_cuda_cflags=CUDA_CFLAGS + [f"-I{CSRC}"],
+                extra_ldflags=openmp_flags(),
+                build_directory=str(directory),
+                with_cuda=len(sources) > 1,
+                is_python_module=False,
+                verbose=verbose,
+            )
+        except RuntimeError as e:
+            if "multiple times" not in str(e):
+                raise
+            raise RuntimeError(
+                "the extension was rebuilt after a source changed, but this process already registered its "
+                "ops, and an operator cannot be registered twice: restart the Python process (the kernel) to "
+                "load the new build"
+            ) from e
     seconds = time.perf_counter() - start
     LAST_BUILD = BuildInfo(str(path), seconds, _mtime(Path(path)) != before)
     return str(path)

@@ -39,7 +39,7 @@ def _two_passes(n: int, dtype: torch.dtype) -> traffic.Traffic:
 
 
 def _contiguous_kernel(src: torch.Tensor, out: torch.Tensor):
-    """The contiguous-only consumer: Triton's flat copy on the GPU, the C++ op on a contiguous input on CPU."""
+    """The contiguous-only consumer: Triton's flat copy on the GPU, the C++ op on contiguous input on CPU."""
     if LANE == "gpu":
         return triton_strided.copy_flat(src, out)
     return _cpp().copy_strided(src, out)
@@ -116,7 +116,11 @@ def transpose_sweep(sizes: list[int] | None = None, impls: list[str] | None = No
 
 
 def plot_transpose(
-    table: Table, ax=None, reference: Table | None = None, copy_gbps: float | None = None, title: str | None = None
+    table: Table,
+    ax=None,
+    reference: Table | None = None,
+    copy_gbps: float | None = None,
+    title: str | None = None,
 ):
     """GB/s (traffic model) against n, one line per implementation; the reference rows of the same
     implementations dashed beside them; the copy bandwidth as the roof."""
@@ -124,8 +128,16 @@ def plot_transpose(
 
     if reference is not None:
         reference = Table(r for r in reference.rows if r["impl"] in table.unique("impl"))
-    ax = plot_sweep(table, x="n", y="gbps", by="impl", reference=reference, ax=ax, title=title,
-                    ylabel="GB/s (traffic model)")
+    ax = plot_sweep(
+        table,
+        x="n",
+        y="gbps",
+        by="impl",
+        reference=reference,
+        ax=ax,
+        title=title,
+        ylabel="GB/s (traffic model)",
+    )
     if copy_gbps:
         ax.axhline(copy_gbps, color="black", lw=1, ls=":", label="copy bandwidth (the roof)")
         ax.legend(fontsize=7)
@@ -164,6 +176,8 @@ def transpose_widget():
     impls = impls_for_lane()
     controls = {
         "largest": widgets.Dropdown(options=SIZES, value=SIZES[-2], description="largest n"),
-        "impls": widgets.SelectMultiple(options=impls, value=tuple(impls), description="impls", rows=len(impls)),
+        "impls": widgets.SelectMultiple(
+            options=impls, value=tuple(impls), description="impls", rows=len(impls)
+        ),
     }
     return SweepWidget(compute, plot, controls)

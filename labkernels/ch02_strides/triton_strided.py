@@ -72,7 +72,9 @@ def _copy_flat_kernel(
     tl.store(out_ptr + offs, x, mask=mask)
 
 
-def copy_flat(x: torch.Tensor, out: torch.Tensor | None = None, *, check_contiguous: bool = True) -> torch.Tensor:
+def copy_flat(
+    x: torch.Tensor, out: torch.Tensor | None = None, *, check_contiguous: bool = True
+) -> torch.Tensor:
     """(a) Copy x.numel() elements starting at x.data_ptr(). Correct only if x is contiguous.
 
     check_contiguous=False is the bug on purpose: it launches on any view whose flat read stays inside its
@@ -173,8 +175,11 @@ def _copy_2d_tiled_kernel(
 def _tiled_configs() -> list[triton.Config]:
     if LANE != "gpu":  # one large tile: few program instances under the interpreter, no benchmarking
         return [triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64}, num_warps=4)]
-    shapes = [(32, 32, 4), (64, 64, 4), (64, 64, 8), (128, 32, 4), (32, 128, 4), (128, 64, 8), (64, 128, 8),
-              (128, 128, 8)]
+    # Hopper: 4-64 KiB fp32 tiles; 4 or 8 warps (each thread keeps 8-64 elements in flight)
+    shapes = [
+        (32, 32, 4), (64, 64, 4), (64, 64, 8), (128, 32, 4), (32, 128, 4),
+        (128, 64, 4), (64, 128, 4), (128, 64, 8), (64, 128, 8), (128, 128, 8),
+    ]  # fmt: skip
     return [triton.Config({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn}, num_warps=w) for bm, bn, w in shapes]
 
 
@@ -204,15 +209,26 @@ def copy_2d_tiled(
         raise ValueError("give both block_m and block_n, or neither (autotuned)")
     if block_m is None:
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"]),)
-        _copy_2d_tiled_autotuned[grid](x, out, M, N, x.stride(0), x.stride(1), out.stride(0), INDEX_64=index_64)
+        _copy_2d_tiled_autotuned[grid](
+            x, out, M, N, x.stride(0), x.stride(1), out.stride(0), INDEX_64=index_64
+        )
         return out
     for name, b in (("block_m", block_m), ("block_n", block_n)):
         if b < 1 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two (tl.arange), got {b}")
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
     _copy_2d_tiled_kernel[grid](
-        x, out, M, N, x.stride(0), x.stride(1), out.stride(0),
-        BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, INDEX_64=index_64, num_warps=num_warps,
+        x,
+        out,
+        M,
+        N,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        BLOCK_SIZE_M=block_m,
+        BLOCK_SIZE_N=block_n,
+        INDEX_64=index_64,
+        num_warps=num_warps,
     )  # read MN, write MN
     return out
 
@@ -249,7 +265,9 @@ def _add_relu_2d_kernel(
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
     y = tl.load(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, mask=mask)
     z = tl.maximum(x + y, 0.0)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], z.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], z.to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 def add_relu_2d(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -267,7 +285,19 @@ def add_relu_2d(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = Non
     bm, bn = (64, 64) if LANE == "gpu" else (64, 128)
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _add_relu_2d_kernel[grid](
-        x, y, out, M, N, x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0),
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, INDEX_64=_needs_int64(x, y, out), num_warps=4,
+        x,
+        y,
+        out,
+        M,
+        N,
+        x.stride(0),
+        x.stride(1),
+        y.stride(0),
+        y.stride(1),
+        out.stride(0),
+        BLOCK_SIZE_M=bm,
+        BLOCK_SIZE_N=bn,
+        INDEX_64=_needs_int64(x, y, out),
+        num_warps=4,
     )  # read 2MN (less for an expanded y: its cells hit in cache), write MN
     return out

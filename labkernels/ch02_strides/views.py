@@ -37,10 +37,10 @@ def storage_offset_of(index: Sequence[int], sizes: Sequence[int], strides: Seque
     _check_geometry(sizes, strides, offset)
     if len(index) != len(sizes):
         raise IndexError(f"index {tuple(index)} has {len(index)} entries, the view has {len(sizes)} dims")
-    for k, (i, n) in enumerate(zip(index, sizes)):
+    for k, (i, n) in enumerate(zip(index, sizes, strict=True)):
         if not 0 <= i < n:
             raise IndexError(f"index {i} is out of range for dim {k} of size {n}")
-    return offset + sum(i * s for i, s in zip(index, strides))
+    return offset + sum(i * s for i, s in zip(index, strides, strict=True))
 
 
 def address_of(t: torch.Tensor, index: Sequence[int]) -> int:
@@ -54,7 +54,7 @@ def span(sizes: Sequence[int], strides: Sequence[int], offset: int) -> tuple[int
     _check_geometry(sizes, strides, offset)
     if any(n == 0 for n in sizes):
         return None
-    return offset, offset + sum((n - 1) * s for n, s in zip(sizes, strides))
+    return offset, offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
 
 
 def storage_numel(t: torch.Tensor) -> int:
@@ -82,7 +82,7 @@ def is_contiguous(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     if any(n == 0 for n in sizes):
         return True
     expected = 1
-    for n, s in zip(reversed(sizes), reversed(strides)):
+    for n, s in zip(reversed(sizes), reversed(strides), strict=True):
         if n != 1:
             if s != expected:
                 return False
@@ -150,11 +150,15 @@ def check_out(out, shape, like: torch.Tensor, inputs: dict[str, torch.Tensor]) -
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
     if not out.is_contiguous():
-        raise ValueError(f"out must be contiguous (strides {tuple(out.stride())} for shape {tuple(out.shape)})")
+        raise ValueError(
+            f"out must be contiguous (strides {tuple(out.stride())} for shape {tuple(out.shape)})"
+        )
     check_inside_storage(out, "out")
     for name, t in inputs.items():
         if may_overlap(out, t):
-            raise ValueError(f"out overlaps {name} in memory: the kernel would overwrite what it still has to read")
+            raise ValueError(
+                f"out overlaps {name} in memory: the kernel would overwrite what it still has to read"
+            )
     return out
 
 
@@ -271,7 +275,7 @@ def apply_view_ops(t: torch.Tensor, ops) -> torch.Tensor:
 
 
 def random_view_op(t: torch.Tensor, rng, kinds: Sequence[str] = VIEW_OPS) -> tuple:
-    """A random valid view op for `t` (rng: a random.Random), of one of `kinds`; never yields an empty view."""
+    """A random valid view op for `t` (rng: a random.Random), one of `kinds`; never makes an empty view."""
     nd = t.dim()
     kind = rng.choice(list(kinds))
     if nd == 0:
@@ -300,7 +304,15 @@ def random_view_op(t: torch.Tensor, rng, kinds: Sequence[str] = VIEW_OPS) -> tup
 
 # --- random 2-D views, poisoned around, for tests and the grader --------------------------------------------
 
-VIEW_KINDS = ("contiguous", "transpose", "step", "offset", "expand_rows", "expand_cols", "offset_transpose_step")
+VIEW_KINDS = (
+    "contiguous",
+    "transpose",
+    "step",
+    "offset",
+    "expand_rows",
+    "expand_cols",
+    "offset_transpose_step",
+)
 
 
 def random_2d_view(
@@ -359,7 +371,7 @@ def draw_view(
     n_storage: int,
     ax=None,
     title: str | None = None,
-    max_cells: int = 48,
+    max_cells: int = 64,
 ):
     """Storage as a row of cells (top) and the logical view as a grid (bottom).
 
@@ -375,8 +387,9 @@ def draw_view(
     strides = tuple(int(s) for s in strides) or (1,)
     numel = math.prod(sizes)
     if n_storage > max_cells or numel > max_cells:
-        raise ValueError(f"the picture is for small tensors (<= {max_cells} cells); got storage {n_storage}, "
-                         f"view {numel}")
+        raise ValueError(
+            f"the picture is for small tensors (<= {max_cells} cells); got storage {n_storage}, view {numel}"
+        )
     reach = span(sizes, strides, offset)
     if reach is not None and reach[1] >= n_storage:
         raise ValueError(f"the view reaches element {reach[1]} past a storage of {n_storage} elements")
@@ -400,10 +413,19 @@ def draw_view(
         ax.add_patch(Rectangle((j * cell, top), cell, cell, facecolor=face, edgecolor="black", lw=0.6))
         if who:
             label = ",".join(str(k) for k in who[:3]) + ("…" if len(who) > 3 else "")
-            ax.text(j + 0.5, top + 0.5, label, ha="center", va="center", fontsize=7, color=_ink(who[0], numel))
+            size = 7 if len(who) == 1 else 5
+            ax.text(
+                j + 0.5, top + 0.5, label, ha="center", va="center", fontsize=size, color=_ink(who[0], numel)
+            )
         ax.text(j + 0.5, top - 0.25, str(j), ha="center", va="center", fontsize=6, color="dimgray")
-    ax.annotate("offset", xy=(offset + 0.5, top + cell), xytext=(offset + 0.5, top + cell + 0.7),
-                ha="center", fontsize=7, arrowprops={"arrowstyle": "->", "lw": 0.8})
+    ax.annotate(
+        "offset",
+        xy=(offset + 0.5, top + cell),
+        xytext=(offset + 0.5, top + cell + 0.7),
+        ha="center",
+        fontsize=7,
+        arrowprops={"arrowstyle": "->", "lw": 0.8},
+    )
     ax.text(-0.3, top + 0.5, "storage", ha="right", va="center", fontsize=8)
 
     for k in range(numel):
@@ -478,14 +500,16 @@ def view_explorer():
     def plot(table: Table, ax) -> None:
         r = table.rows[0]
         where = "same storage as x" if r["shares_storage"] else "NEW storage (copied)"
-        title = (f"{r['op']}: sizes {r['sizes']} strides {r['strides']} offset {r['offset']}\n"
-                 f"contiguous={r['contiguous']}, {where}")
+        title = (
+            f"{r['op']}: sizes {r['sizes']} strides {r['strides']} offset {r['offset']}\n"
+            f"contiguous={r['contiguous']}, {where}"
+        )
         draw_view(r["sizes"], r["strides"], r["offset"], r["storage_numel"], ax=ax, title=title)
 
     controls = {
         "op": widgets.Dropdown(options=list(EXAMPLE_VIEWS), value="x.t()", description="view"),
-        "rows": widgets.IntSlider(value=3, min=3, max=6, description="x rows"),
-        "cols": widgets.IntSlider(value=4, min=3, max=8, description="x cols"),
+        "rows": widgets.IntSlider(value=3, min=3, max=5, description="x rows"),
+        "cols": widgets.IntSlider(value=4, min=3, max=6, description="x cols"),
     }
     widget = SweepWidget(compute, plot, controls, run_label="Apply")
     for control in controls.values():

@@ -29,10 +29,14 @@ def _grade_2_1(student, g):
             index = tuple(g.randint(0, n - 1) for n in t.shape)
             got = student(index, tuple(t.shape), tuple(t.stride()), t.storage_offset())
             want = int(t[index].item())
-            g.expect(isinstance(got, int) and not isinstance(got, bool),
-                     f"return an int, got {type(got).__name__}")
-            g.expect(got == want, f"index {index} of a view with sizes {tuple(t.shape)}, strides "
-                                  f"{tuple(t.stride())}, offset {t.storage_offset()}: got {got}, torch reads {want}")
+            g.expect(
+                isinstance(got, int) and not isinstance(got, bool), f"return an int, got {type(got).__name__}"
+            )
+            g.expect(
+                got == want,
+                f"index {index} of a view with sizes {tuple(t.shape)}, strides "
+                f"{tuple(t.stride())}, offset {t.storage_offset()}: got {got}, torch reads {want}",
+            )
 
     with g.case("contiguous 2-D and 3-D tensors", points=1):
         check_view(_numbered_storage(600)[: 7 * 9].view(7, 9))
@@ -68,11 +72,18 @@ def _grade_2_2(student, g):
                 t = views.apply_view_ops(t, ops[-1:])
             want = (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.is_contiguous())
             try:
-                got = _as_result(student(tuple(base.shape), tuple(base.stride()), base.storage_offset(), list(ops)))
+                got = _as_result(
+                    student(tuple(base.shape), tuple(base.stride()), base.storage_offset(), list(ops))
+                )
             except (TypeError, ValueError) as e:
-                raise CaseFailed(f"return (sizes, strides, offset, is_contiguous); got an error: {e}") from None
-            g.expect(got == want, f"from sizes {tuple(base.shape)}, strides {tuple(base.stride())}, offset "
-                                  f"{base.storage_offset()}, after {ops}: expected {want}, got {got}")
+                raise CaseFailed(
+                    f"return (sizes, strides, offset, is_contiguous); got an error: {e}"
+                ) from None
+            g.expect(
+                got == want,
+                f"from sizes {tuple(base.shape)}, strides {tuple(base.stride())}, offset "
+                f"{base.storage_offset()}, after {ops}: expected {want}, got {got}",
+            )
 
     with g.case("transpose and permute", points=1):
         check_chains(("transpose", "permute"), 30)
@@ -114,4 +125,6 @@ def _grade_2_3(student, g):
         out = torch.empty(8192, 8192, device=DEVICE)
         student(x, out)
         g.check_close(out[::97, ::89], x[::97, ::89], atol=0, rtol=0)
-        g.expect_bandwidth(lambda: student(x, out), traffic.transpose(8192, 8192, torch.float32), fraction=0.6)
+        g.expect_bandwidth(
+            lambda: student(x, out), traffic.transpose(8192, 8192, torch.float32), fraction=0.6
+        )
