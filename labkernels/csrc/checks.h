@@ -7,55 +7,28 @@
 
 #include <ATen/ATen.h>
 
+// Declared here, defined once in checks.cpp: the CUDA translation unit calls the same checks, compiled by the
+// host C++ compiler. (Building these messages inside the nvcc-compiled unit crashed on an H200 image when a
+// message streamed sizes and strides; one definition also keeps the wording identical on both devices.)
 namespace labkernels {
 
-inline bool is_supported_float(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
-}
+bool is_supported_float(at::ScalarType t);
 
-inline void check_float_tensor(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.defined(), name, " is an undefined tensor");
-  TORCH_CHECK(is_supported_float(t.scalar_type()), name,
-              " must have dtype float32, float64, float16 or bfloat16, got ", t.scalar_type());
-}
+void check_float_tensor(const at::Tensor& t, const char* name);
 
-inline void check_device(const at::Tensor& t, const char* name, at::DeviceType device) {
-  TORCH_CHECK(t.device().type() == device, name, " must be on ", device, ", got a tensor on ", t.device(),
-              " (this is the ", device, " implementation; move the inputs with .to())");
-}
+void check_device(const at::Tensor& t, const char* name, at::DeviceType device);
 
-inline void check_contiguous(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous, got sizes ", t.sizes(), " with strides ",
-              t.strides(), ": this kernel walks data_ptr() as a dense array, so call .contiguous() first");
-}
+void check_contiguous(const at::Tensor& t, const char* name);
 
 // `b` must match `a` in dtype, device and shape.
-inline void check_same(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
-  TORCH_CHECK(b.defined(), b_name, " is an undefined tensor");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), a_name, " and ", b_name, " must have the same dtype, got ",
-              a.scalar_type(), " and ", b.scalar_type());
-  TORCH_CHECK(a.device() == b.device(), a_name, " and ", b_name, " must be on the same device, got ",
-              a.device(), " and ", b.device());
-  TORCH_CHECK(a.sizes() == b.sizes(), a_name, " and ", b_name, " must have the same shape, got ", a.sizes(),
-              " and ", b.sizes());
-}
+void check_same(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name);
 
 // Every check an elementwise op over dense tensors of one dtype needs, for the device `device`.
-inline void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x_name) {
-  check_float_tensor(x, x_name);
-  check_device(x, x_name, device);
-  check_contiguous(x, x_name);
-}
+void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x_name);
 
 // Two operands (or an operand and an output): same dtype, device and shape first, so that a CPU tensor
 // mixed with a CUDA one gets "must be on the same device" rather than a message about one of them.
-inline void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x_name,
-                              const at::Tensor& y, const char* y_name) {
-  check_float_tensor(x, x_name);
-  check_same(x, x_name, y, y_name);
-  check_device(x, x_name, device);
-  check_contiguous(x, x_name);
-  check_contiguous(y, y_name);
-}
+void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x_name,
+                              const at::Tensor& y, const char* y_name);
 
 }  // namespace labkernels
