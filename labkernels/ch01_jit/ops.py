@@ -59,6 +59,29 @@ def _check_same_device(*named: tuple[str, torch.Tensor]) -> None:
             )
 
 
+def _dims(values) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def _check_dense_pair(x: torch.Tensor, x_name: str, y: torch.Tensor, y_name: str) -> None:
+    """The C++ impls check all of this too; checking here first means bad input never reaches a native
+    error path (RuntimeError, with the C++ wording, whichever layer catches it)."""
+    if x.dtype != y.dtype:
+        raise RuntimeError(f"{x_name} and {y_name} must have the same dtype, got {x.dtype} and {y.dtype}")
+    if x.shape != y.shape:
+        raise RuntimeError(f"{x_name} and {y_name} must have the same shape, got {_dims(x.shape)} and {_dims(y.shape)}")
+    _check_contiguous(x, x_name)
+    _check_contiguous(y, y_name)
+
+
+def _check_contiguous(t: torch.Tensor, name: str) -> None:
+    if not t.is_contiguous():
+        raise RuntimeError(
+            f"{name} must be contiguous, got sizes {_dims(t.shape)} with strides {_dims(t.stride())}: this "
+            "kernel walks data_ptr() as a dense array, so call .contiguous() first"
+        )
+
+
 def _check_number(v, name: str) -> None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise TypeError(f"{name} must be a Python float, got {type(v).__name__}")
@@ -69,6 +92,7 @@ def add_relu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _check_tensor(x, "x")
     _check_tensor(y, "y")
     _check_same_device(("x", x), ("y", y))
+    _check_dense_pair(x, "x", y, "y")
     if _library_path is None:
         load()
     return torch.ops.labkernels.add_relu.default(x, y)
@@ -79,6 +103,7 @@ def add_relu_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     _check_tensor(x, "x")
     _check_tensor(y, "y")
     _check_same_device(("x", x), ("y", y))
+    _check_dense_pair(x, "x", y, "y")
     if _library_path is None:
         load()
     return torch.ops.labkernels.add_relu_naive.default(x, y)
@@ -90,6 +115,8 @@ def add_relu_out(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> torch.T
     _check_tensor(y, "y")
     _check_tensor(out, "out")
     _check_same_device(("x", x), ("y", y), ("out", out))
+    _check_dense_pair(x, "x", y, "y")
+    _check_dense_pair(x, "x", out, "out")
     if _library_path is None:
         load()
     torch.ops.labkernels.add_relu_out.default(x, y, out)
@@ -101,6 +128,7 @@ def scale_shift(x: torch.Tensor, a: float, b: float) -> torch.Tensor:
     _check_tensor(x, "x")
     _check_number(a, "a")
     _check_number(b, "b")
+    _check_contiguous(x, "x")
     if _library_path is None:
         load()
     return torch.ops.labkernels.scale_shift.default(x, float(a), float(b))

@@ -1,7 +1,17 @@
 // Definitions of the checks declared in checks.h (see there for why they live in a .cpp).
 #include "checks.h"
 
+#include <string>
+
 namespace labkernels {
+
+std::string dims(at::IntArrayRef values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    text += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return text + "]";
+}
 
 bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
@@ -19,8 +29,8 @@ void check_device(const at::Tensor& t, const char* name, at::DeviceType device) 
 }
 
 void check_contiguous(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous, got sizes ", t.sizes(), " with strides ",
-              t.strides(), ": this kernel walks data_ptr() as a dense array, so call .contiguous() first");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous, got sizes ", dims(t.sizes()), " with strides ",
+              dims(t.strides()), ": this kernel walks data_ptr() as a dense array, so call .contiguous() first");
 }
 
 void check_same(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
@@ -29,8 +39,8 @@ void check_same(const at::Tensor& a, const char* a_name, const at::Tensor& b, co
               a.scalar_type(), " and ", b.scalar_type());
   TORCH_CHECK(a.device() == b.device(), a_name, " and ", b_name, " must be on the same device, got ",
               a.device(), " and ", b.device());
-  TORCH_CHECK(a.sizes() == b.sizes(), a_name, " and ", b_name, " must have the same shape, got ", a.sizes(),
-              " and ", b.sizes());
+  TORCH_CHECK(a.sizes() == b.sizes(), a_name, " and ", b_name, " must have the same shape, got ", dims(a.sizes()),
+              " and ", dims(b.sizes()));
 }
 
 void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x_name) {

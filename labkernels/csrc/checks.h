@@ -7,10 +7,14 @@
 
 #include <ATen/ATen.h>
 
-// Declared here, defined once in checks.cpp: the CUDA translation unit calls the same checks, compiled by the
-// host C++ compiler. (Building these messages inside the nvcc-compiled unit crashed on an H200 image when a
-// message streamed sizes and strides; one definition also keeps the wording identical on both devices.)
+// Declared here, defined once in checks.cpp and called by both devices' impls, so the wording is the same.
+// Messages format sizes and strides with `dims()` instead of streaming an IntArrayRef: on the H200 image
+// (torch 2.11+cu130) a failed check whose message streamed sizes took the process down with SIGSEGV, while
+// one streaming only dtypes raised normally. The Python wrappers validate first in any case.
 namespace labkernels {
+
+// "[4, 6]": sizes or strides as text, built with std::to_string alone.
+std::string dims(at::IntArrayRef values);
 
 bool is_supported_float(at::ScalarType t);
 

@@ -71,8 +71,8 @@ bool strided_may_overlap(const at::Tensor& a, const at::Tensor& b) {
 void strided_check_out(const at::Tensor& out, const at::Tensor& x, const char* x_name, at::DeviceType device) {
   check_same(x, x_name, out, "out");
   check_device(out, "out", device);
-  TORCH_CHECK(out.is_contiguous(), "out must be contiguous, got sizes ", out.sizes(), " with strides ",
-              out.strides());
+  TORCH_CHECK(out.is_contiguous(), "out must be contiguous, got sizes ", dims(out.sizes()), " with strides ",
+              dims(out.strides()));
   TORCH_CHECK(!strided_may_overlap(out, x), "out overlaps ", x_name,
               " in memory: the kernel would overwrite what it still has to read");
 }
@@ -92,7 +92,7 @@ void strided_check_add_relu(const at::Tensor& x, const at::Tensor& y, const at::
 }
 
 void strided_check_2d(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2, "x must be 2-D, got sizes ", x.sizes());
+  TORCH_CHECK(x.dim() == 2, "x must be 2-D, got sizes ", dims(x.sizes()));
 }
 
 namespace {

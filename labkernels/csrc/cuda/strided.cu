@@ -200,7 +200,7 @@ void copy_2d_tiled_out_cuda(const at::Tensor& x, at::Tensor& out) {
   }
   const int64_t tiles_m = (M + kTile - 1) / kTile;
   const int64_t tiles_n = (N + kTile - 1) / kTile;
-  TORCH_CHECK(tiles_m * tiles_n <= INT32_MAX, "x has too many 32x32 tiles for one grid: ", x.sizes());
+  TORCH_CHECK(tiles_m * tiles_n <= INT32_MAX, "x has too many 32x32 tiles for one grid: ", dims(x.sizes()));
   const c10::cuda::CUDAGuard device_guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const dim3 block(kTile, kTileRows);
