@@ -11,7 +11,8 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # ninja from the venv must be on PATH for cpp_extension builds; the extension cache stays in the project.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
-export MPLBACKEND ?= Agg
+# Notebooks draw with the inline backend (a figure's text is '<Figure size ...>' in both lanes).
+export MPLBACKEND ?= module://matplotlib_inline.backend_inline
 
 .PHONY: lab venv test test-gpu bench outputs exercises grade lint clean
 
@@ -27,7 +28,7 @@ venv: $(VENV)/.installed
 lab: venv
 	@token=$$($(VPY) -c 'import secrets; print(secrets.token_hex(16))'); \
 	echo "Serving the course at http://127.0.0.1:$(PORT)/lab?token=$$token  (Ctrl-C stops it)"; \
-	MPLBACKEND=module://matplotlib_inline.backend_inline $(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 \
+	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 \
 	  --port=$(PORT) --IdentityProvider.token=$$token --ServerApp.root_dir=$(CURDIR) \
 	  --LabApp.default_url=/lab/tree/README.md --LabApp.news_url=None \
 	  --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate \
@@ -35,7 +36,7 @@ lab: venv
 
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
-	$(VPY) -m pytest -q -p no:cacheprovider tests
+	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider tests
 	$(VPY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
 	$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600
 	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600
@@ -44,7 +45,7 @@ test: venv
 # GPU lane, in the *current* Python environment (an instructor's GPU runner or a GPU image): no venv, no torch.
 test-gpu:
 	$(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA device')"
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests
+	MPLBACKEND=Agg $(PYTHON) -m pytest -q -p no:cacheprovider tests
 	$(PYTHON) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
 
 bench:
@@ -53,7 +54,7 @@ bench:
 # Re-execute the chapters and solutions in place, in the current environment, to store this lane's outputs
 # (the committed outputs come from an H200: run this on a GPU, then `make exercises`).
 outputs:
-	MPLBACKEND=module://matplotlib_inline.backend_inline $(PYTHON) -m labkernels execute notebooks/*.ipynb solutions/*.ipynb
+	$(PYTHON) -m labkernels execute notebooks/*.ipynb solutions/*.ipynb
 
 exercises: venv
 	$(VPY) -m labkernels exercises
