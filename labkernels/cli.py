@@ -61,8 +61,12 @@ def _execute(args) -> int:
         path = Path(name)
         nb = nbformat.read(path, as_version=4)
         print(f"executing {path} ...", flush=True)
-        NotebookClient(nb, timeout=args.cell_timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+        NotebookClient(
+            nb,
+            timeout=args.cell_timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent.resolve())}},
+        ).execute()
         nbformat.write(nb, path)
     return 0
 

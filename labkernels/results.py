@@ -66,8 +66,8 @@ class Table:
             return "Table(empty)"
         cells = [[_fmt(r.get(c)) for c in cols] for r in self.rows]
         widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
+        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
         return "\n".join(lines)
 
 

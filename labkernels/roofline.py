@@ -39,7 +39,9 @@ class Ceilings:
 
 def _check_rates(bandwidth_gbps: float, peak_tflops: float) -> None:
     if not bandwidth_gbps > 0 or not peak_tflops > 0:
-        raise ValueError(f"bandwidth and peak must be positive, got {bandwidth_gbps} GB/s, {peak_tflops} TFLOP/s")
+        raise ValueError(
+            f"bandwidth and peak must be positive, got {bandwidth_gbps} GB/s, {peak_tflops} TFLOP/s"
+        )
 
 
 def ridge_point(bandwidth_gbps: float, peak_tflops: float) -> float:
@@ -67,7 +69,7 @@ def bound(traffic: Traffic, bandwidth_gbps: float, peak_tflops: float) -> str:
 def measure_copy_bandwidth(nbytes: int | None = None) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
 
-    Default size: 1 GiB on the GPU (far past the 60 MB L2), 64 MiB on the CPU.
+    Default size: 1 GiB on the GPU (far past the 50 MB L2), 64 MiB on the CPU.
     """
     nbytes = nbytes if nbytes is not None else size(cpu=64 << 20, gpu=1 << 30)
     if not isinstance(nbytes, int) or nbytes < 4:
@@ -80,7 +82,8 @@ def measure_copy_bandwidth(nbytes: int | None = None) -> float:
 
 
 @contextlib.contextmanager
-def _tf32(enabled: bool):
+def tf32_matmuls(enabled: bool):
+    """Let (or forbid) cuBLAS run float32 matmuls as TF32 on the tensor cores, inside the block only."""
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
@@ -100,7 +103,7 @@ def measure_matmul_peak(dtype: torch.dtype, n: int | None = None, tf32: bool = F
         raise ValueError(f"n must be a positive int, got {n!r}")
     a = torch.randn(n, n, device=DEVICE).to(dtype)  # random data: zeros run faster than real data
     b = torch.randn(n, n, device=DEVICE).to(dtype)
-    with _tf32(tf32):
+    with tf32_matmuls(tf32):
         ms = timing.time_ms(lambda: a @ b)
     return timing.tflops(matmul(n, n, n, dtype).flops, ms)
 
@@ -119,7 +122,10 @@ def measure_ceilings(name: str | None = None) -> Ceilings:
 
 def ceilings_rows(c: Ceilings) -> list[dict]:
     rows = [{"quantity": "copy_bandwidth", "dtype": "float32", "value": c.bandwidth_gbps, "unit": "GB/s"}]
-    rows += [{"quantity": "matmul_peak", "dtype": k, "value": v, "unit": "TFLOP/s"} for k, v in c.peak_tflops.items()]
+    rows += [
+        {"quantity": "matmul_peak", "dtype": k, "value": v, "unit": "TFLOP/s"}
+        for k, v in c.peak_tflops.items()
+    ]
     return rows
 
 
@@ -207,8 +213,13 @@ def plot_roofline(points: list[Point], ceilings: list[Ceilings], ax=None, dtype:
     for p in points:
         if p.traffic.flops > 0:
             ax.plot([p.traffic.intensity], [p.tflops], "o")
-            ax.annotate(p.label, (p.traffic.intensity, p.tflops), fontsize=8, xytext=(4, 4),
-                        textcoords="offset points")
+            ax.annotate(
+                p.label,
+                (p.traffic.intensity, p.tflops),
+                fontsize=8,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte of HBM traffic)")

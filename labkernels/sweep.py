@@ -22,7 +22,7 @@ def sweep(fn: Callable[..., Mapping], grid: Mapping[str, Sequence], desc: str = 
     combos = list(itertools.product(*(grid[n] for n in names)))
     rows = []
     for values in tqdm(combos, desc=desc or "sweep", leave=False):
-        params = dict(zip(names, values))
+        params = dict(zip(names, values, strict=True))
         rows.append({**params, **fn(**params)})
     return Table(rows)
 

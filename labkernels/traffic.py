@@ -91,7 +91,9 @@ def transpose(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> Traff
     return Traffic("transpose", 2 * rows * cols * element_size(dtype), 0)
 
 
-def attention(batch: int, heads: int, seq: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> Traffic:
+def attention(
+    batch: int, heads: int, seq: int, head_dim: int, dtype: torch.dtype = torch.bfloat16
+) -> Traffic:
     """Causal-free attention forward: Q, K, V read and O written once; 4·B·H·S²·D FLOPs (two matmuls)."""
     _positive(batch=batch, heads=heads, seq=seq, head_dim=head_dim)
     bhsd = batch * heads * seq * head_dim

@@ -17,7 +17,9 @@ from labkernels.grading.notebooks import out_of_sync, strip_solutions, write_exe
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ["LABKERNELS_EXTRA_EXERCISES"] = "grading_fixtures"
-os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(ROOT), os.environ.get("PYTHONPATH", "")])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(Path(__file__).parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
+)
 
 import submissions  # noqa: E402
 
@@ -95,7 +97,10 @@ def test_unknown_exercise_is_a_clear_error():
 
 def test_strip_solutions_keeps_indentation_and_rejects_unbalanced_markers():
     src = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"
-    assert strip_solutions(src) == 'def f(x):\n    raise NotImplementedError("Exercise: replace this line with your solution")'
+    assert (
+        strip_solutions(src)
+        == 'def f(x):\n    raise NotImplementedError("Exercise: replace this line with your solution")'
+    )
     with pytest.raises(ValueError, match="without an END"):
         strip_solutions("### BEGIN SOLUTION\nx = 1\n")
     with pytest.raises(ValueError, match="without a BEGIN"):
@@ -122,7 +127,10 @@ def test_make_grade_survives_broken_hanging_and_failing_notebooks(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "labkernels", "grade", str(sub), "--json", str(out), "--cell-timeout", "10"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "not a readable notebook" in proc.stdout
@@ -134,8 +142,13 @@ def test_make_grade_survives_broken_hanging_and_failing_notebooks(tmp_path):
 
 
 def test_make_grade_on_a_missing_folder_says_so(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "labkernels", "grade", str(tmp_path / "nope")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "labkernels", "grade", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "no such folder" in proc.stderr
 

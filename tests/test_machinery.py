@@ -29,8 +29,13 @@ def test_importing_triton_first_on_a_cpu_machine_is_refused():
     if labkernels.on_gpu():
         pytest.skip("CPU-lane behaviour")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", "import triton, labkernels"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import triton, labkernels"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "import labkernels first" in proc.stderr
 
@@ -44,16 +49,18 @@ def test_require_device_names_the_problem():
         labkernels.require_device(torch.ones(2), "x")
 
 
-@pytest.mark.parametrize("dtype, size", [(torch.float32, 4), (torch.float16, 2), (torch.bfloat16, 2),
-                                         (torch.float64, 8)])
+@pytest.mark.parametrize(
+    "dtype, size", [(torch.float32, 4), (torch.float16, 2), (torch.bfloat16, 2), (torch.float64, 8)]
+)
 def test_traffic_formulas(dtype, size):
     n = 1823
     assert traffic.copy(n, dtype).bytes == 2 * n * size
     assert traffic.add(n, dtype) == traffic.Traffic("add", 3 * n * size, n)
     assert traffic.add_relu(n, dtype).bytes == 3 * n * size
     assert traffic.add_relu(n, dtype, fused=False).bytes == 5 * n * size
-    assert traffic.matmul(64, 48, 32, dtype) == traffic.Traffic("matmul", (64 * 32 + 32 * 48 + 64 * 48) * size,
-                                                                2 * 64 * 48 * 32)
+    assert traffic.matmul(64, 48, 32, dtype) == traffic.Traffic(
+        "matmul", (64 * 32 + 32 * 48 + 64 * 48) * size, 2 * 64 * 48 * 32
+    )
     assert traffic.softmax(7, 5000, dtype).bytes == 2 * 7 * 5000 * size
     assert traffic.transpose(3, 5, dtype).bytes == 2 * 15 * size
 
@@ -100,8 +107,11 @@ def test_autotune_bench_works_for_triton_autotune_in_this_lane():
     import triton
     import triton.language as tl
 
-    @triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["n"],
-                     do_bench=timing.autotune_bench)
+    @triton.autotune(
+        configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})],
+        key=["n"],
+        do_bench=timing.autotune_bench,
+    )
     @triton.jit
     def _fill(out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -174,9 +184,11 @@ def test_sweep_widget_recomputes_when_controls_change():
 
     from labkernels.widgets import SweepWidget
 
-    widget = SweepWidget(lambda top: sweep(lambda n: {"y": n}, {"n": list(range(1, top + 1))}),
-                         lambda t, ax: plot_sweep(t, "n", "y", ax=ax, logx=False),
-                         {"top": w.IntSlider(value=3, min=1, max=10)})
+    widget = SweepWidget(
+        lambda top: sweep(lambda n: {"y": n}, {"n": list(range(1, top + 1))}),
+        lambda t, ax: plot_sweep(t, "n", "y", ax=ax, logx=False),
+        {"top": w.IntSlider(value=3, min=1, max=10)},
+    )
     assert len(widget.run()) == 3
     widget.controls["top"].value = 7
     widget.button.click()

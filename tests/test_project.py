@@ -1,8 +1,9 @@
 """The course's set-up files agree with each other."""
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +18,9 @@ def _pins(lines):
 
 
 def test_environment_yml_and_pyproject_pin_the_same_packages():
-    course = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["course"]
+    course = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "course"
+    ]
     conda = [ln.strip().removeprefix("- ") for ln in (ROOT / "environment.yml").read_text().splitlines()]
     assert _pins(course) == _pins(conda)
     assert "-e ." in conda
@@ -44,6 +47,10 @@ def test_every_ignored_cell_says_why():
                 lines = [ln.strip() for ln in cell.source.splitlines()]
                 for i, line in enumerate(lines):
                     if "NBVAL_IGNORE_OUTPUT" in line:
-                        assert line == "# NBVAL_IGNORE_OUTPUT", f"{path.name}: nbval ignores only the exact marker: {line}"
+                        assert line == "# NBVAL_IGNORE_OUTPUT", (
+                            f"{path.name}: nbval ignores only the exact marker: {line}"
+                        )
                         reason = lines[i + 1] if i + 1 < len(lines) else ""
-                        assert reason.startswith("# (output not checked:"), f"{path.name}: no reason after {line}"
+                        assert reason.startswith("# (output not checked:"), (
+                            f"{path.name}: no reason after {line}"
+                        )

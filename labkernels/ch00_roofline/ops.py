@@ -21,7 +21,9 @@ def add_relu_eager(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.relu(x + y)  # add: read 2n, write n; relu: read n, write n
 
 
-def measure_ops(n: int, gemm_shapes: list[tuple[int, int, int]], dtype: torch.dtype = torch.float32) -> list[Point]:
+def measure_ops(
+    n: int, gemm_shapes: list[tuple[int, int, int]], dtype: torch.dtype = torch.float32
+) -> list[Point]:
     """Time vector add, eager add+relu and GEMMs of several shapes; return them as roofline points."""
     if not isinstance(n, int) or n <= 0:
         raise ValueError(f"n must be a positive int, got {n!r}")
@@ -29,16 +31,29 @@ def measure_ops(n: int, gemm_shapes: list[tuple[int, int, int]], dtype: torch.dt
     y = torch.randn(n, device=DEVICE, dtype=dtype)
     points = [
         Point("vector add", traffic.add(n, dtype), timing.time_ms(lambda: vector_add(x, y))),
-        Point("add+relu (eager, 2 kernels)", traffic.add_relu(n, dtype, fused=False),
-              timing.time_ms(lambda: add_relu_eager(x, y))),
+        Point(
+            "add+relu (eager, 2 kernels)",
+            traffic.add_relu(n, dtype, fused=False),
+            timing.time_ms(lambda: add_relu_eager(x, y)),
+        ),
     ]
     for m, nn, k in gemm_shapes:
         a = torch.randn(m, k, device=DEVICE, dtype=dtype)
         b = torch.randn(k, nn, device=DEVICE, dtype=dtype)
-        points.append(Point(f"GEMM {m}×{nn}×{k}", traffic.matmul(m, nn, k, dtype), timing.time_ms(lambda: a @ b)))
+        ms = timing.time_ms(lambda a=a, b=b: a @ b)
+        points.append(Point(f"GEMM {m}×{nn}×{k}", traffic.matmul(m, nn, k, dtype), ms))
     return points
 
 
 def points_rows(points: list[Point]) -> list[dict]:
-    return [{"op": p.label, "bytes": p.traffic.bytes, "flops": p.traffic.flops, "ms": p.ms,
-             "gbps": p.gbps, "tflops": p.tflops} for p in points]
+    return [
+        {
+            "op": p.label,
+            "bytes": p.traffic.bytes,
+            "flops": p.traffic.flops,
+            "ms": p.ms,
+            "gbps": p.gbps,
+            "tflops": p.tflops,
+        }
+        for p in points
+    ]

@@ -69,7 +69,9 @@ def _check_dense_pair(x: torch.Tensor, x_name: str, y: torch.Tensor, y_name: str
     if x.dtype != y.dtype:
         raise RuntimeError(f"{x_name} and {y_name} must have the same dtype, got {x.dtype} and {y.dtype}")
     if x.shape != y.shape:
-        raise RuntimeError(f"{x_name} and {y_name} must have the same shape, got {_dims(x.shape)} and {_dims(y.shape)}")
+        raise RuntimeError(
+            f"{x_name} and {y_name} must have the same shape, got {_dims(x.shape)} and {_dims(y.shape)}"
+        )
     _check_contiguous(x, x_name)
     _check_contiguous(y, y_name)
 

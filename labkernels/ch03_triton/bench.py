@@ -6,8 +6,6 @@ The measuring functions are plain (they return a `Table`), so the notebook's wid
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from triton.runtime.errors import OutOfResources
 
@@ -19,7 +17,7 @@ from labkernels.ch03_triton.matmul import _matmul_kernel, matmul
 from labkernels.ch03_triton.softmax import softmax
 from labkernels.lane import DEVICE
 from labkernels.results import Table
-from labkernels.roofline import measure_copy_bandwidth
+from labkernels.roofline import measure_copy_bandwidth, tf32_matmuls
 from labkernels.sweep import sweep
 
 
@@ -162,16 +160,6 @@ def bench_softmax_configs() -> list[dict]:
 # --- matmul ------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _cublas_tf32(enabled: bool):
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
 def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ieee") -> list[dict]:
     """Triton's autotuned matmul against cuBLAS (torch.matmul, with TF32 on or off to match `precision`)."""
     a, b = _random(m, k, dtype=dtype), _random(k, n, dtype=dtype)
@@ -180,7 +168,7 @@ def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ie
     matmul(a, b, input_precision=precision)  # autotune outside the timed region
     config = _matmul_kernel.best_config
     rows = []
-    with _cublas_tf32(precision == "tf32"):
+    with tf32_matmuls(precision == "tf32"):
         for impl, fn in [
             ("triton", lambda: matmul(a, b, input_precision=precision)),
             ("cublas", lambda: a @ b),

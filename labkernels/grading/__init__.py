@@ -37,9 +37,18 @@ def grade(ex_id: str, answer, *, speed: bool = False, timeout_s: float | None = 
     if cases and not outcome["error"]:
         declared = sum(c["points"] for c in cases)
         if declared != (ex.speed_points if speed else ex.points) and not skipped:
-            raise RuntimeError(f"exercise {ex_id}: its cases add up to {declared} points, not the declared total")
-    record = {"exercise": ex_id, "title": ex.title, "speed": speed, "earned": earned, "possible": possible,
-              "cases": cases, "error": outcome["error"]}
+            raise RuntimeError(
+                f"exercise {ex_id}: its cases add up to {declared} points, not the declared total"
+            )
+    record = {
+        "exercise": ex_id,
+        "title": ex.title,
+        "speed": speed,
+        "earned": earned,
+        "possible": possible,
+        "cases": cases,
+        "error": outcome["error"],
+    }
     _log(record)
     return record
 

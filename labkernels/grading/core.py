@@ -87,8 +87,16 @@ class Grader:
         graded_in_this_run = gpu_only == self.speed
         if graded_in_this_run and gpu_only and LANE != "gpu":
             reason = "skipped on the CPU lane: interpreter timings say nothing about a GPU"
-            self._record({"case": name, "points": points, "gpu_only": True, "status": "skip", "earned": 0,
-                          "reason": reason})
+            self._record(
+                {
+                    "case": name,
+                    "points": points,
+                    "gpu_only": True,
+                    "status": "skip",
+                    "earned": 0,
+                    "reason": reason,
+                }
+            )
         if not graded_in_this_run or (gpu_only and LANE != "gpu"):
             self._skipping = True
             try:
@@ -159,8 +167,8 @@ class Grader:
             bad_after = int((after != canary).sum())
             if bad_before or bad_after:
                 raise CaseFailed(
-                    f"wrote outside the output: {bad_before} elements before it and {bad_after} after it changed "
-                    "(a missing or wrong mask?)"
+                    f"wrote outside the output: {bad_before} elements before it and {bad_after} after it "
+                    "changed (a missing or wrong mask?)"
                 )
 
     # --- checks -----------------------------------------------------------------------------------------
@@ -174,7 +182,9 @@ class Grader:
         expected = expected.detach().to("cpu", torch.float64)
         unwritten = int((torch.isnan(actual) & ~torch.isnan(expected)).sum())
         if unwritten:
-            raise CaseFailed(f"{unwritten} of {actual.numel()} output elements were never written (still NaN)")
+            raise CaseFailed(
+                f"{unwritten} of {actual.numel()} output elements were never written (still NaN)"
+            )
         try:
             torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
         except AssertionError as e:

@@ -40,8 +40,12 @@ def _grade_0_1(student, g):
                 want = _expected(op, shape, dtype)
                 got = student(op, shape, dtype)
                 g.expect(isinstance(got, tuple) and len(got) == 2, f"return (bytes, flops), got {got!r}")
-                g.expect(int(got[0]) == want.bytes, f"{op}{shape} {dtype}: bytes {got[0]}, expected {want.bytes}")
-                g.expect(int(got[1]) == want.flops, f"{op}{shape} {dtype}: FLOPs {got[1]}, expected {want.flops}")
+                g.expect(
+                    int(got[0]) == want.bytes, f"{op}{shape} {dtype}: bytes {got[0]}, expected {want.bytes}"
+                )
+                g.expect(
+                    int(got[1]) == want.flops, f"{op}{shape} {dtype}: FLOPs {got[1]}, expected {want.flops}"
+                )
 
 
 def _random_machine(g):
@@ -50,8 +54,11 @@ def _random_machine(g):
 
 @exercise("0.2", "Memory-bound or compute-bound?", points=3)
 def _grade_0_2(student, g):
-    cases = [("elementwise ops", ["copy", "add", "add_relu", "softmax"]), ("matmuls of every shape", ["matmul"]),
-             ("ops near the ridge point", ["matmul"])]
+    cases = [
+        ("elementwise ops", ["copy", "add", "add_relu", "softmax"]),
+        ("matmuls of every shape", ["matmul"]),
+        ("ops near the ridge point", ["matmul"]),
+    ]
     for name, ops in cases:
         with g.case(name, points=1):
             for _ in range(20):
@@ -63,14 +70,20 @@ def _grade_0_2(student, g):
                     peak = t.intensity * bw * 1e9 / 1e12 * g.choice([0.5, 0.8, 1.25, 2.0])
                 want = roofline.bound(t, bw, peak)
                 got = student(t.bytes, t.flops, bw, peak)
-                g.expect(got == want, f"{t.bytes} bytes, {t.flops} FLOPs on {bw:g} GB/s, {peak:g} TFLOP/s: "
-                                      f"said {got!r}, it is {want!r}")
+                g.expect(
+                    got == want,
+                    f"{t.bytes} bytes, {t.flops} FLOPs on {bw:g} GB/s, {peak:g} TFLOP/s: "
+                    f"said {got!r}, it is {want!r}",
+                )
 
 
 @exercise("0.3", "Predict an op's best possible time on a machine", points=3)
 def _grade_0_3(student, g):
-    for name, ops in [("memory-bound ops", ["copy", "add", "add_relu_unfused", "softmax"]),
-                      ("matmuls", ["matmul"]), ("any op, any machine", ["add", "matmul", "softmax"])]:
+    for name, ops in [
+        ("memory-bound ops", ["copy", "add", "add_relu_unfused", "softmax"]),
+        ("matmuls", ["matmul"]),
+        ("any op, any machine", ["add", "matmul", "softmax"]),
+    ]:
         with g.case(name, points=1):
             for _ in range(10):
                 op = g.choice(ops)
@@ -79,5 +92,7 @@ def _grade_0_3(student, g):
                 want = roofline.best_time_ms(_expected(op, shape, dtype), bw, peak)
                 got = student(op, shape, dtype, bw, peak)
                 g.expect(isinstance(got, int | float), f"return a number of milliseconds, got {got!r}")
-                g.expect(abs(got - want) <= 1e-6 * want, f"{op}{shape} {dtype} on {bw:g} GB/s, {peak:g} TFLOP/s: "
-                                                         f"{got} ms, expected {want:.6g} ms")
+                g.expect(
+                    abs(got - want) <= 1e-6 * want,
+                    f"{op}{shape} {dtype} on {bw:g} GB/s, {peak:g} TFLOP/s: {got} ms, expected {want:.6g} ms",
+                )

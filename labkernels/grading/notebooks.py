@@ -75,7 +75,7 @@ def out_of_sync(solutions: Path, exercises: Path) -> list[str]:
     return problems
 
 
-# --- grading a folder of notebooks ---------------------------------------------------------------------------
+# --- grading a folder of notebooks ---------------------------------------------------------------------
 
 CHAPTER = re.compile(r"^(\d\d)_")
 
@@ -103,8 +103,13 @@ def grade_notebook(path: Path, cell_timeout: int) -> dict:
         old = os.environ.get(LOG_ENV)
         os.environ[LOG_ENV] = log_path
         try:
-            client = NotebookClient(nb, timeout=cell_timeout, allow_errors=True, kernel_name="python3",
-                                    resources={"metadata": {"path": str(path.parent.resolve())}})
+            client = NotebookClient(
+                nb,
+                timeout=cell_timeout,
+                allow_errors=True,
+                kernel_name="python3",
+                resources={"metadata": {"path": str(path.parent.resolve())}},
+            )
             client.execute()
         except CellTimeoutError:
             report["problem"] = f"a cell ran longer than {cell_timeout} s and was stopped"
@@ -127,8 +132,15 @@ def grade_notebook(path: Path, cell_timeout: int) -> dict:
                 continue
             rec = records.get((ex.ex_id, speed))
             if rec is None:
-                rec = {"exercise": ex.ex_id, "title": ex.title, "speed": speed, "earned": 0,
-                       "possible": possible, "cases": [], "error": "its check cell did not run"}
+                rec = {
+                    "exercise": ex.ex_id,
+                    "title": ex.title,
+                    "speed": speed,
+                    "earned": 0,
+                    "possible": possible,
+                    "cases": [],
+                    "error": "its check cell did not run",
+                }
             report["exercises"].append(rec)
     return report
 
@@ -154,8 +166,10 @@ def score_table(reports: list[dict]) -> str:
             note = rec["error"] or ""
             if rec["possible"] == 0 and rec["cases"]:
                 note = note or "skipped on the CPU lane"
-            lines.append(f"{name:<28} {rec['exercise']:<9} {part:<12} "
-                         f"{rec['earned']:>4g}/{rec['possible']:<4g}  {note}")
+            lines.append(
+                f"{name:<28} {rec['exercise']:<9} {part:<12} "
+                f"{rec['earned']:>4g}/{rec['possible']:<4g}  {note}"
+            )
             total += rec["earned"]
             possible += rec["possible"]
     lines.append(f"{'TOTAL':<28} {'':<9} {'':<12} {total:>4g}/{possible:<4g}")

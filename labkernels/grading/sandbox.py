@@ -64,7 +64,9 @@ class _Collector:
         if fn.__name__ == "<lambda>":
             raise TypeError(f"{name!r} is a lambda: write it as a `def` at the top level of a cell")
         if fn.__closure__:
-            raise TypeError(f"{name!r} is a closure (defined inside another function): define it at top level")
+            raise TypeError(
+                f"{name!r} is a closure (defined inside another function): define it at top level"
+            )
         try:
             source = textwrap.dedent(inspect.getsource(fn))
         except (OSError, TypeError) as e:
@@ -113,7 +115,9 @@ def bundle(answer) -> dict:
     try:
         json.dumps(answer)
     except TypeError as e:
-        raise TypeError(f"an answer must be a function or plain data (str, numbers, lists, dicts): {e}") from None
+        raise TypeError(
+            f"an answer must be a function or plain data (str, numbers, lists, dicts): {e}"
+        ) from None
     return {"kind": "data", "value": answer}
 
 
@@ -126,8 +130,9 @@ def run(ex_id: str, answer_bundle: dict, *, speed: bool, timeout_s: float) -> di
         cmd = [sys.executable, "-m", "labkernels.grading.child", str(payload), str(results)]
         error = None
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, cwd=tmp)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp
+        )
         try:
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
