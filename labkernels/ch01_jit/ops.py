@@ -89,25 +89,24 @@ def _check_number(v, name: str) -> None:
         raise TypeError(f"{name} must be a Python float, got {type(v).__name__}")
 
 
-def add_relu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """relu(x + y) in one pass over contiguous tensors of one shape, dtype and device."""
+def _checked_pair(x: torch.Tensor, y: torch.Tensor) -> None:
     _check_tensor(x, "x")
     _check_tensor(y, "y")
     _check_same_device(("x", x), ("y", y))
     _check_dense_pair(x, "x", y, "y")
     if _library_path is None:
         load()
+
+
+def add_relu(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """relu(x + y) in one pass over contiguous tensors of one shape, dtype and device."""
+    _checked_pair(x, y)
     return torch.ops.labkernels.add_relu.default(x, y)
 
 
 def add_relu_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The teaching version of add_relu (CPU: a single thread; CUDA: one element per thread)."""
-    _check_tensor(x, "x")
-    _check_tensor(y, "y")
-    _check_same_device(("x", x), ("y", y))
-    _check_dense_pair(x, "x", y, "y")
-    if _library_path is None:
-        load()
+    _checked_pair(x, y)
     return torch.ops.labkernels.add_relu_naive.default(x, y)
 
 
