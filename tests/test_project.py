@@ -49,7 +49,7 @@ def test_every_ignored_cell_says_why():
                     continue
                 tagged = "nbval-ignore-output" in cell.metadata.get("tags", [])
                 marker = [ln for ln in cell.source.splitlines() if "NBVAL_IGNORE_OUTPUT" in ln]
-                assert tagged == bool(marker), f"{path.name}: tag and comment disagree in {cell.source[:60]!r}"
+                assert tagged == bool(marker), f"{path.name}: tag and comment disagree: {cell.source[:60]!r}"
                 for line in marker:
                     reason = line.strip().removeprefix("# NBVAL_IGNORE_OUTPUT").strip(" —-:")
                     assert len(reason) > 8, f"{path.name}: an ignored cell must say why: {line!r}"
