@@ -29,6 +29,18 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _timed_rows(impls, params: dict, copy_gbps: float) -> list[dict]:
+    """One row per (impl, fn, traffic): ms, GB/s from the traffic model, fraction of copy; the first impl's
+    speed-up over the second (torch) is added to its row."""
+    rows = []
+    for impl, fn, t in impls:
+        ms = timing.time_ms(fn)
+        gbps = timing.gbps(t.bytes, ms)
+        rows.append({**params, "impl": impl, "ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps})
+    rows[0]["speedup_vs_torch"] = rows[1]["ms"] / rows[0]["ms"]
+    return rows
+
+
 # --- add + relu ------------------------------------------------------------------------------------------
 
 
@@ -36,25 +48,11 @@ def add_relu_rows(n: int, copy_gbps: float, dtype: torch.dtype = torch.float32) 
     """Triton's fused kernel against torch eager (two kernels) at one size."""
     x, y = _random(n, dtype=dtype), _random(n, dtype=dtype)
     out = torch.empty_like(x)
-    rows = []
-    for impl, fn, t in [
+    impls = [
         ("triton", lambda: add_relu(x, y, out), traffic.add_relu(n, dtype)),
         ("torch", lambda: torch.relu(x + y), traffic.add_relu(n, dtype, fused=False)),
-    ]:
-        ms = timing.time_ms(fn)
-        gbps = timing.gbps(t.bytes, ms)
-        rows.append(
-            {
-                "n": n,
-                "dtype": _dtype_name(dtype),
-                "impl": impl,
-                "ms": ms,
-                "gbps": gbps,
-                "fraction_of_copy": gbps / copy_gbps,
-            }
-        )
-    rows[0]["speedup_vs_torch"] = rows[1]["ms"] / rows[0]["ms"]
-    return rows
+    ]
+    return _timed_rows(impls, {"n": n, "dtype": _dtype_name(dtype)}, copy_gbps)
 
 
 @benchmark("ch03_add_relu")
@@ -103,23 +101,8 @@ def softmax_rows(
         impls.append(
             ("naive", lambda: softmax_mod.reference(x), traffic.softmax(n_rows, n_cols, dtype, fused=False))
         )
-    rows = []
-    for impl, fn, t in impls:
-        ms = timing.time_ms(fn)
-        gbps = timing.gbps(t.bytes, ms)
-        rows.append(
-            {
-                "rows": n_rows,
-                "cols": n_cols,
-                "dtype": _dtype_name(dtype),
-                "impl": impl,
-                "ms": ms,
-                "gbps": gbps,
-                "fraction_of_copy": gbps / copy_gbps,
-            }
-        )
-    rows[0]["speedup_vs_torch"] = rows[1]["ms"] / rows[0]["ms"]
-    return rows
+    params = {"rows": n_rows, "cols": n_cols, "dtype": _dtype_name(dtype)}
+    return _timed_rows(impls, params, copy_gbps)
 
 
 @benchmark("ch03_softmax")
