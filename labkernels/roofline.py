@@ -69,7 +69,7 @@ def bound(traffic: Traffic, bandwidth_gbps: float, peak_tflops: float) -> str:
 def measure_copy_bandwidth(nbytes: int | None = None) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
 
-    Default size: 1 GiB on the GPU (far past the 50 MB L2), 64 MiB on the CPU.
+    Default size: 1 GiB on the GPU (far past the L2 cache), 64 MiB on the CPU.
     """
     nbytes = nbytes if nbytes is not None else size(cpu=64 << 20, gpu=1 << 30)
     if not isinstance(nbytes, int) or nbytes < 4:
