@@ -14,8 +14,8 @@ Load the AOT library with `torch.ops.load_library(<path of labkernels/_C*.so>)`;
 source changes, which suits a course; AOT builds once when the package is built, so users need no compiler,
 which suits a library you distribute as wheels.)
 
-`sources()` lists what is compiled: every `labkernels/csrc/*.cpp`, plus every `labkernels/csrc/cuda/*.cu`
-where torch has CUDA. Here each file is its own translation unit (setuptools compiles them in parallel);
+`sources()` lists what is compiled: every `labkernels/csrc/*.cpp`, plus every `labkernels/csrc/cuda/*.cpp`
+(the torch side of the CUDA ops) and `*.cu` (the kernels) where torch has CUDA. Here each file is its own translation unit (setuptools compiles them in parallel);
 the JIT build instead concatenates them into one per device, which is faster on two cores.
 """
 
@@ -35,7 +35,7 @@ def sources(with_cuda: bool) -> list[str]:
     """The extension's source files, relative to the repository root (what setuptools wants)."""
     files = sorted(CSRC.glob("*.cpp"))
     if with_cuda:
-        files += sorted((CSRC / "cuda").glob("*.cu"))
+        files += sorted((CSRC / "cuda").glob("*.cpp")) + sorted((CSRC / "cuda").glob("*.cu"))
     return [str(p.relative_to(ROOT)) for p in files]
 
 

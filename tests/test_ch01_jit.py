@@ -221,9 +221,17 @@ def test_setup_py_lists_the_same_sources():
     namespace: dict = {"__name__": "setup_under_test", "__file__": str(root / "setup.py")}
     exec(compile(tree, "setup.py", "exec"), namespace)  # the __main__ guard keeps setup() from running
     cpp = [str(p.relative_to(root)) for p in build.cpp_sources()]
-    cu = [str(p.relative_to(root)) for p in build.cuda_sources()]
+    cuda = [str(p.relative_to(root)) for p in build.cuda_host_sources() + build.cuda_sources()]
     assert namespace["sources"](with_cuda=False) == cpp
-    assert namespace["sources"](with_cuda=True) == cpp + cu
+    assert namespace["sources"](with_cuda=True) == cpp + cuda
+
+
+def test_no_torch_header_reaches_nvcc():
+    """The .cu files and what they include stay free of torch headers: nvcc would pay for them many times."""
+    cuda_dir = build.CSRC / "cuda"
+    for path in build.cuda_sources() + sorted(cuda_dir.glob("*.h")) + sorted(cuda_dir.glob("*.cuh")):
+        includes = [line for line in path.read_text().splitlines() if line.startswith("#include")]
+        assert not [i for i in includes if any(h in i for h in ("ATen/", "torch/", "c10/", "checks.h"))], path
 
 
 def test_build_dir_follows_torch_extensions_dir(monkeypatch, tmp_path):

@@ -114,12 +114,35 @@ def test_softmax(shape, dtype):
 
 
 def test_softmax_many_narrow_rows_and_strides():
-    x = torch.randn(1031, 9, device=DEVICE) * 3  # many row blocks for a few persistent programs
-    torch.testing.assert_close(softmax(x), torch.softmax(x, dim=1), atol=1e-6, rtol=1e-5)
+    x = torch.randn(1031, 9, device=DEVICE) * 3
+    expected = torch.softmax(x, dim=1)
+    torch.testing.assert_close(softmax(x), expected, atol=1e-6, rtol=1e-5)
+    # many row blocks for a few persistent programs; one row per program; scalar (unvectorized) accesses
+    torch.testing.assert_close(softmax(x, persistent=True), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(softmax(x, rows_per_program=1, num_warps=1), expected, atol=1e-6, rtol=1e-5)
+    narrow = x[:, :8]  # rows 16-byte aligned: vectorized by default, scalar with vectorize=False
+    for vectorize in (True, False):
+        got = softmax(narrow, vectorize=vectorize)
+        torch.testing.assert_close(got, torch.softmax(narrow, dim=1), atol=1e-6, rtol=1e-5)
     xt = torch.randn(300, 70, device=DEVICE).t()  # (70, 300), column-major
     torch.testing.assert_close(softmax(xt), torch.softmax(xt, dim=1), atol=1e-6, rtol=1e-5)
     big = torch.randn(4, 100, device=DEVICE) * 1000  # exp would overflow without the max subtracted
     torch.testing.assert_close(softmax(big), torch.softmax(big, dim=1), atol=1e-6, rtol=1e-5)
+
+
+def test_softmax_vector_width():
+    """16-byte vectors only where row length, row strides and base addresses all allow them."""
+    width = softmax_mod.vector_width
+    x = torch.randn(3, 5000, device=DEVICE)
+    assert width(x, torch.empty_like(x)) == 4  # 5000 fp32 = 1250 vectors of 4
+    h = x.half()
+    assert width(h, torch.empty_like(h)) == 8
+    odd = torch.randn(3, 5001, device=DEVICE)
+    assert width(odd, torch.empty_like(odd)) == 1
+    shifted = torch.randn(3, 5004, device=DEVICE)[:, 1:5001]  # base 4 bytes past a 16-byte boundary
+    assert width(shifted, torch.empty(3, 5000, device=DEVICE)) == 1
+    column_major = torch.randn(8, 3, device=DEVICE).t()
+    assert width(column_major, torch.empty(3, 8, device=DEVICE)) == 1
 
 
 def test_softmax_bad_inputs():
@@ -133,6 +156,8 @@ def test_softmax_bad_inputs():
         softmax(torch.empty(1, softmax_mod.MAX_COLS + 1, device=DEVICE))
     with pytest.raises(ValueError, match="is on meta"):
         softmax(torch.empty(2, 3, device="meta"))
+    with pytest.raises(ValueError, match="power of two"):
+        softmax(torch.randn(4, 8, device=DEVICE), rows_per_program=3)
 
 
 @cpu_lane
@@ -148,7 +173,8 @@ def _matmul_error(got, a, b, bias=None, activation=None):
     return (got.double() - matmul_mod.reference(a, b, bias, activation)).abs().max().item()
 
 
-@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (97, 130, 75), (33, 65, 200)])
+# K = 75 and 200 end in a ragged step (masked loads); K = 128 has none (EVEN_K, unmasked loads).
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (97, 130, 75), (33, 65, 200), (70, 96, 128)])
 @pytest.mark.parametrize("precision", ["ieee", "tf32"])
 def test_matmul_fp32(m, n, k, precision):
     a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)

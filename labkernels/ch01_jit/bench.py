@@ -140,7 +140,8 @@ def measure_build(root: str | os.PathLike | None = None) -> list[dict]:
         if root is None:
             shutil.rmtree(tmp, ignore_errors=True)
     flavour = "cpu+cuda" if build.with_cuda() else "cpu"
-    sources = len(build.cpp_sources()) + (len(build.cuda_sources()) if build.with_cuda() else 0)
+    cuda = build.cuda_host_sources() + build.cuda_sources() if build.with_cuda() else []
+    sources = len(build.cpp_sources()) + len(cuda)
     return [
         {"step": "cold build", "flavour": flavour, "source_files": sources, "seconds": cold},
         {"step": "cached load", "flavour": flavour, "source_files": sources, "seconds": cached},

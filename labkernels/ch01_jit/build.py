@@ -1,13 +1,18 @@
 """Build the course's C++/CUDA extension just in time, fast, into a project-local cache.
 
-Every `labkernels/csrc/*.cpp` and `labkernels/csrc/cuda/*.cu` belongs to the one extension (a chapter adds
-an op by adding a file). What makes the cold build fast on a 2-core laptop:
+Every `labkernels/csrc/*.cpp`, `csrc/cuda/*.cpp` and `csrc/cuda/*.cu` belongs to the one extension (a
+chapter adds an op by adding a file). What makes the cold build fast on a 2-core laptop:
 
-* **one translation unit per device.** The torch headers cost far more to compile than our kernels, so we
-  generate `unity_cpu.cpp` (and `unity_cuda.cu`) in the build directory, each `#include`-ing every source
-  file: the headers are parsed once per device instead of once per file.
-* **lean headers.** Sources include `<ATen/ATen.h>`, `<ATen/Dispatch.h>` and `<torch/library.h>`, not
-  `<torch/extension.h>` (which drags in pybind11, the Python C API and all of libtorch's C++ frontend).
+* **one translation unit per compiler job.** The torch headers cost far more to compile than our kernels, so
+  we generate `unity_cpu.cpp` in the build directory, `#include`-ing every `csrc/*.cpp`: the headers are
+  parsed once instead of once per file. With CUDA, `unity_cuda_host.cpp` (the `csrc/cuda/*.cpp` glue) and
+  `unity_cuda.cu` (the kernels) are two more; ninja runs the three compilers in parallel.
+* **lean headers.** Sources include `<ATen/core/Tensor.h>` and the one `<ATen/ops/...>` header per op they
+  call, not `<ATen/ATen.h>` (every op's declaration) or `<torch/extension.h>` (which adds pybind11, the
+  Python C API and all of libtorch's C++ frontend).
+* **no torch header in nvcc.** nvcc parses a file for the host and for the device, so torch's headers cost it
+  several times what they cost g++. The `.cu` files take raw pointers and a stream (`csrc/cuda/launch.h`);
+  checks, allocation and `TORCH_LIBRARY_IMPL` live in the host-compiled glue.
 * **no Python module.** Ops are registered with `TORCH_LIBRARY_FRAGMENT` / `TORCH_LIBRARY_IMPL`, so the .so
   needs no `PYBIND11_MODULE`: we build with `is_python_module=False` and torch loads it with
   `torch.ops.load_library`. The ops appear under `torch.ops.labkernels`.
@@ -56,7 +61,13 @@ def cpp_sources() -> list[Path]:
 
 
 def cuda_sources() -> list[Path]:
+    """The kernels: compiled by nvcc, with no torch header (see csrc/cuda/launch.h)."""
     return sorted((CSRC / "cuda").glob("*.cu"))
+
+
+def cuda_host_sources() -> list[Path]:
+    """The torch side of the CUDA ops (checks, allocation, stream, registration): host compiler only."""
+    return sorted((CSRC / "cuda").glob("*.cpp"))
 
 
 def with_cuda() -> bool:
@@ -120,9 +131,11 @@ def unity_files(directory: Path) -> list[Path]:
     files.append(unity_cpp)
     cu = cuda_sources()
     if with_cuda() and cu:
-        unity_cu = directory / "unity_cuda.cu"
-        write_if_changed(unity_cu, unity_source(cu))
-        files.append(unity_cu)
+        for name, paths in (("unity_cuda_host.cpp", cuda_host_sources()), ("unity_cuda.cu", cu)):
+            if paths:
+                unity = directory / name
+                write_if_changed(unity, unity_source(paths))
+                files.append(unity)
     return files
 
 
@@ -198,7 +211,7 @@ def load(verbose: bool = False) -> str:
                 extra_cuda_cflags=CUDA_CFLAGS + [f"-I{CSRC}"],
                 extra_ldflags=openmp_flags(),
                 build_directory=str(directory),
-                with_cuda=len(sources) > 1,
+                with_cuda=any(s.suffix == ".cu" for s in sources),
                 is_python_module=False,
                 verbose=verbose,
             )

@@ -117,27 +117,36 @@ def bench_softmax() -> list[dict]:
     return rows
 
 
+def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
+    """The fused softmax at fixed num_warps, one row block per program vs persistent programs, and (at the
+    default warps) without 16-byte vectors: what the default choice (`default` = True) leaves on the table."""
+    rows = []
+    for n_rows, n_cols, dtype in shapes:
+        x = _random(n_rows, n_cols, dtype=dtype)
+        nbytes = traffic.softmax(n_rows, n_cols, dtype).bytes
+        auto_warps = softmax_mod._tile(n_rows, n_cols)[2]
+        variants = [(w, p, True) for w in num_warps for p in (False, True)] + [(auto_warps, False, False)]
+        for warps, persistent, vectorize in variants:
+            row = {"rows": n_rows, "cols": n_cols, "dtype": _dtype_name(dtype), "num_warps": warps}
+            row |= {"persistent": persistent, "vectorize": vectorize}
+            row["default"] = warps == auto_warps and not persistent and vectorize
+            try:
+                options = {"num_warps": warps, "persistent": persistent, "vectorize": vectorize}
+                ms = timing.time_ms(lambda x=x, options=options: softmax(x, **options))
+            except OutOfResources as e:  # too many registers or too much shared memory for this config
+                rows.append({**row, "ms": float("nan"), "error": str(e)[:80]})
+                continue
+            gbps = timing.gbps(nbytes, ms)
+            rows.append({**row, "ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps})
+    return Table(rows)
+
+
 @benchmark("ch03_softmax_configs")
 def bench_softmax_configs() -> list[dict]:
-    """num_warps x num_stages at the headline shape: what the default choice leaves on the table."""
     copy_gbps = measure_copy_bandwidth()
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        x = _random(8192, 8192, dtype=dtype)
-        nbytes = traffic.softmax(8192, 8192, dtype).bytes
-        for num_warps in (4, 8, 16, 32):
-            for num_stages in (1, 2, 3, 4):
-                row = {"dtype": _dtype_name(dtype), "num_warps": num_warps, "num_stages": num_stages}
-                try:
-                    ms = timing.time_ms(
-                        lambda x=x, w=num_warps, s=num_stages: softmax(x, num_warps=w, num_stages=s)
-                    )
-                except OutOfResources as e:  # too much shared memory for this many stages
-                    rows.append({**row, "ms": float("nan"), "error": str(e)[:80]})
-                    continue
-                gbps = timing.gbps(nbytes, ms)
-                rows.append({**row, "ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps})
-    return rows
+    shapes = [(8192, c, d) for c in (8192, 5000) for d in (torch.float32, torch.bfloat16)]
+    shapes += [(4096, c, torch.float32) for c in (1000, 2048, 12000)]
+    return softmax_configs(shapes, [4, 8, 16, 32], copy_gbps).rows
 
 
 # --- matmul ------------------------------------------------------------------------------------------------

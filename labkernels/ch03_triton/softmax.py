@@ -6,12 +6,17 @@ Written as five torch ops (max, subtract, exp, sum, divide) the intermediates go
 write 3MN + 2M elements. One kernel that keeps a whole row in registers reads MN and writes MN
 (`labkernels.traffic.softmax`), a ~4x saving, so a fused softmax should run at copy bandwidth.
 
-The kernel teaches three things:
+The kernel teaches:
 - a program owns whole rows: BLOCK_SIZE_N = next_power_of_2(n_cols), with the lanes past the row's end
   masked and loaded as -inf, so they add exp(-inf) = 0 to the sum; any row length works;
-- narrow rows are packed BLOCK_SIZE_M to a tile, so each step still moves a few KB;
-- persistent programs: a few programs per SM loop over the rows (grid-stride), as in Triton's fused-softmax
-  tutorial, instead of one short-lived program per row; num_warps grows with the tile.
+- narrow rows are packed BLOCK_SIZE_M to a tile, so each program still moves a few KB;
+- 16-byte accesses for any row length whose rows start 16-byte aligned (VEC, below); `vectorize=False`
+  shows what plain int arguments cost at a row length such as 5000;
+- one reciprocal per row, then a multiply per element: a true fp32 division per element costs several
+  instructions, and at bf16's 2 bytes per element arithmetic starts to count against the memory time.
+Programs either take one row block each (the default) or, `persistent=True`, loop over row blocks grid-stride
+as in Triton's fused-softmax tutorial, with about as many programs as the SMs hold at once. On the H200 the
+one-block-per-program schedule won at wide rows (`make bench` records the comparison: ch03_softmax_configs).
 Compute is fp32 whatever the storage dtype; the result is stored in the input's dtype.
 """
 
@@ -44,21 +49,29 @@ def _softmax_kernel(
     out_ptr,
     x_ptr,
     n_rows,
-    n_cols,
-    stride_xm,
+    n_col_vecs,  # the row length in whole VEC-element vectors
+    x_row_vecs,  # x's row stride, in vectors
     stride_xn,
-    stride_om,
+    out_row_vecs,  # out's row stride, in vectors
     stride_on,
     BLOCK_SIZE_M: tl.constexpr,  # rows per step
     BLOCK_SIZE_N: tl.constexpr,  # next_power_of_2(n_cols)
+    VEC: tl.constexpr,  # elements per 16-byte vector that every row length and row start is a multiple of
     NUM_STAGES: tl.constexpr,  # loads of the next rows in flight while this one is reduced (GPU only)
 ):
+    # Multiplying by the constexpr VEC lets the compiler prove what the launcher checked: rows start on a
+    # 16-byte boundary and the mask is the same for all VEC lanes of a vector. It then emits 128-bit loads
+    # and stores. Passed as plain ints, a row length such as 5000 (not a multiple of 16) would give
+    # element-by-element 4-byte accesses, several times as many memory instructions for the same bytes.
+    n_cols = n_col_vecs * VEC
+    stride_xm = x_row_vecs * VEC
+    stride_om = out_row_vecs * VEC
     pid = tl.program_id(axis=0)
     n_programs = tl.num_programs(axis=0)
     cols = tl.arange(0, BLOCK_SIZE_N)
     col_mask = cols < n_cols
     n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
-    # Persistent: each program walks its share of the row blocks (grid-stride), loads pipelined.
+    # One row block per program (n_programs = n_steps), or persistent: grid-stride, loads pipelined.
     for step in tl.range(pid, n_steps, n_programs, num_stages=NUM_STAGES):
         rows = step * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
         row_mask = rows < n_rows
@@ -68,24 +81,38 @@ def _softmax_kernel(
         x = tl.load(x_ptrs, mask=col_mask[None, :], other=-float("inf")).to(tl.float32)  # read MN
         z = x - tl.max(x, axis=1)[:, None]
         num = tl.exp(z)  # padded lanes: exp(-inf) = 0
-        out = num / tl.sum(num, axis=1)[:, None]
+        out = num * (1.0 / tl.sum(num, axis=1))[:, None]  # one division per row, a multiply per element
         out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
         mask = row_mask[:, None] & col_mask[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)  # write MN
 
 
+def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
+    """The most elements (up to 16 bytes' worth) that the row length and both row strides are multiples of,
+    with unit column strides and 16-byte aligned buffers: else 1 (scalar accesses, always correct)."""
+    vec = 16 // x.element_size()
+    if x.stride(1) != 1 or out.stride(1) != 1 or x.data_ptr() % 16 or out.data_ptr() % 16:
+        return 1
+    n_cols = x.shape[1]
+    while vec > 1 and (n_cols % vec or x.stride(0) % vec or out.stride(0) % vec):
+        vec //= 2
+    return vec
+
+
 def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a matrix shape."""
+    """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a matrix shape, from the H200 sweep of rows per program and
+    warps (ch03_softmax_configs): tiles of at least 2048 elements, 16 elements per thread."""
     block_n = triton.next_power_of_2(n_cols)
-    elements = 2048 if on_gpu() else 16384  # per step: a few KB on the GPU; big tiles for the interpreter
+    elements = 2048 if on_gpu() else 16384  # per program: a few KB on the GPU; big tiles for the interpreter
     block_m = max(1, min(elements // block_n, triton.next_power_of_2(n_rows)))
-    # ~32 fp32 values per thread: 4 warps up to 4096-element tiles, then 8, 16, 32.
-    num_warps = min(32, max(4, block_m * block_n // 1024))
+    num_warps = min(32, max(4, block_m * block_n // 512))
     return block_m, block_n, num_warps
 
 
 @functools.cache
-def _programs_per_sm(block_m: int, block_n: int, num_warps: int, num_stages: int, dtype: torch.dtype) -> int:
+def _programs_per_sm(
+    block_m: int, block_n: int, vec: int, num_warps: int, num_stages: int, dtype: torch.dtype
+) -> int:
     """How many programs one SM holds at once (registers, shared memory, threads): Triton's softmax tutorial
     compiles the kernel once and reads its register and shared-memory use."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -98,13 +125,14 @@ def _programs_per_sm(block_m: int, block_n: int, num_warps: int, num_stages: int
             x,
             x,
             2,
-            block_n,
-            block_n,
+            block_n // vec,
+            block_n // vec,
             1,
-            block_n,
+            block_n // vec,
             1,
             BLOCK_SIZE_M=block_m,
             BLOCK_SIZE_N=block_n,
+            VEC=vec,
             NUM_STAGES=num_stages,
             num_warps=num_warps,
             num_stages=num_stages,
@@ -119,10 +147,21 @@ def _programs_per_sm(block_m: int, block_n: int, num_warps: int, num_stages: int
         return max(1, min(by_threads, 2))
 
 
-def softmax(x: torch.Tensor, *, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+def softmax(
+    x: torch.Tensor,
+    *,
+    num_warps: int | None = None,
+    rows_per_program: int | None = None,
+    persistent: bool = False,
+    num_stages: int | None = None,
+    vectorize: bool = True,
+) -> torch.Tensor:
     """Row softmax of a 2-D (rows, cols) tensor; any strides; result contiguous, in x's dtype.
 
-    num_warps and num_stages default to a choice from the row width (pass them to experiment).
+    num_warps and rows_per_program (a power of two) default to a choice from the row width; persistent=True
+    runs a few programs per SM that loop over the row blocks, with num_stages loads in flight (pass these to
+    experiment: `bench.softmax_configs` sweeps them); vectorize=False passes the row length and strides as
+    plain ints, so the compiler cannot prove 16-byte alignment.
     """
     require_device(x, "softmax: x")
     if x.dtype not in DTYPES:
@@ -141,28 +180,34 @@ def softmax(x: torch.Tensor, *, num_warps: int | None = None, num_stages: int | 
             f"softmax: a row of {n_cols} elements is longer than the {MAX_COLS} this kernel holds in one "
             "program's registers"
         )
+    if rows_per_program is not None and (rows_per_program < 1 or rows_per_program & (rows_per_program - 1)):
+        raise ValueError(f"softmax: rows_per_program must be a power of two, got {rows_per_program}")
     out = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
     block_m, block_n, auto_warps = _tile(n_rows, n_cols)
+    block_m = rows_per_program or block_m
     num_warps = num_warps or auto_warps
-    num_stages = num_stages or 2
+    num_stages = num_stages or (2 if persistent else 1)
     n_steps = triton.cdiv(n_rows, block_m)
-    if LANE == "gpu":
+    vec = vector_width(x, out) if vectorize else 1
+    n_programs = n_steps
+    if persistent and LANE == "gpu":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-        per_sm = _programs_per_sm(block_m, block_n, num_warps, num_stages, x.dtype)
+        per_sm = _programs_per_sm(block_m, block_n, vec, num_warps, num_stages, x.dtype)
         n_programs = min(n_steps, n_sm * per_sm)
-    else:
-        n_programs = min(n_steps, 8)  # a few, so the tests exercise the persistent loop
+    elif persistent:
+        n_programs = min(n_steps, 8)  # a few, so that each program loops
     _softmax_kernel[(n_programs,)](
         out,
         x,
         n_rows,
-        n_cols,
-        x.stride(0),
+        n_cols // vec,
+        x.stride(0) // vec,
         x.stride(1),
-        out.stride(0),
+        out.stride(0) // vec,
         out.stride(1),
         BLOCK_SIZE_M=block_m,
         BLOCK_SIZE_N=block_n,
+        VEC=vec,
         NUM_STAGES=num_stages,
         num_warps=num_warps,
         num_stages=num_stages,

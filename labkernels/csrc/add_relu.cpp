@@ -6,7 +6,8 @@
 //
 // This file holds the operator schemas (what Python and torch.compile see) and the CPU implementations; the
 // CUDA implementations of the same schemas live in cuda/add_relu.cu and are registered for the CUDA key.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>

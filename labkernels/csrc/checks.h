@@ -5,7 +5,9 @@
 // argument and the problem, instead of reading the wrong bytes (or segfaulting).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+
+#include <string>
 
 // Declared here, defined once in checks.cpp and called by both devices' impls, so the wording is the same.
 // Messages format sizes and strides with `dims()` instead of streaming an IntArrayRef: on the H200 image

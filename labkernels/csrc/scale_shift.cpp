@@ -4,7 +4,8 @@
 // `scalar_t` bound to float, double, at::Half and at::BFloat16, and picks one at run time from x's dtype.
 // (Plain AT_DISPATCH_FLOATING_TYPES covers float and double only: a half tensor gets an error.)
 // Traffic: read n, write n elements.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>

@@ -9,7 +9,8 @@
 //
 // Each has an `_out` form writing into a given contiguous `out` that must not overlap the inputs. This file
 // holds the schemas, the checks (shared with cuda/strided.cu) and the CPU implementations.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>

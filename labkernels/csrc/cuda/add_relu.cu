@@ -1,34 +1,22 @@
-// add_relu on CUDA: the same schemas as ../add_relu.cpp, registered for the CUDA dispatch key.
+// add_relu on CUDA: the kernels behind the CUDA implementations of ../add_relu.cpp's schemas (the torch side,
+// registered for the CUDA dispatch key, is in ops.cpp).
 //
 // Two kernels, so a learner can measure what a change buys:
 //   add_relu_naive_kernel  one element per thread: each thread issues 4-byte loads (fp32).
 //   add_relu_vec_kernel    16 bytes per load and store (float4 for fp32, 8 halves for fp16/bf16, 2 doubles),
 //                          so a warp moves 512 bytes per instruction; a scalar tail covers n % vec elements.
-// Traffic for both: read 2n, write n elements. Both launch on the current CUDA stream, so they order
-// correctly with torch's own kernels.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
-
+// Traffic for both: read 2n, write n elements. Both launch on the stream they are given (the current CUDA
+// stream), so they order correctly with torch's own kernels.
 #include <cstdint>
 
-#include "../checks.h"
+#include "dtypes.cuh"
+#include "launch.h"
 
 namespace labkernels {
+namespace cuda {
 namespace {
 
 constexpr int kAddReluThreads = 256;
-
-template <typename scalar_t>
-__device__ __forceinline__ scalar_t add_relu_element(scalar_t a, scalar_t b) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const acc_t v = static_cast<acc_t>(a) + static_cast<acc_t>(b);
-  return static_cast<scalar_t>(v < acc_t(0) ? acc_t(0) : v);  // keeps NaN, like torch.relu
-}
 
 template <typename scalar_t>
 __global__ void add_relu_naive_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ y,
@@ -72,17 +60,18 @@ __global__ void add_relu_vec_kernel(const scalar_t* __restrict__ x, const scalar
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-void add_relu_cuda_into(const at::Tensor& x, const at::Tensor& y, const at::Tensor& out, bool vectorized) {
-  const int64_t n = x.numel();
+}  // namespace
+
+cudaError_t launch_add_relu(Dtype dtype, const void* x, const void* y, void* out, int64_t n, bool vectorized,
+                            cudaStream_t stream) {
   if (n == 0) {
-    return;  // a grid of zero blocks is a launch error
+    return cudaSuccess;  // a grid of zero blocks is a launch error
   }
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();  // what at::cuda::getCurrentCUDAStream() returns
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "add_relu_cuda", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* yp = y.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
+  return dispatch(dtype, [&](auto tag) {
+    using scalar_t = typename decltype(tag)::type;
+    const auto* xp = static_cast<const scalar_t*>(x);
+    const auto* yp = static_cast<const scalar_t*>(y);
+    auto* op = static_cast<scalar_t*>(out);
     // A view with a storage offset may start off a 16-byte boundary: then only the naive kernel is safe.
     if (vectorized && aligned16(xp) && aligned16(yp) && aligned16(op)) {
       constexpr int kVec = Pack16<scalar_t>::kSize;
@@ -94,36 +83,9 @@ void add_relu_cuda_into(const at::Tensor& x, const at::Tensor& y, const at::Tens
       const int64_t blocks = (n + kAddReluThreads - 1) / kAddReluThreads;
       add_relu_naive_kernel<scalar_t><<<blocks, kAddReluThreads, 0, stream>>>(xp, yp, op, n);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return cudaGetLastError();  // a bad launch configuration shows here, not at the next sync
   });
 }
 
-at::Tensor add_relu_cuda(const at::Tensor& x, const at::Tensor& y) {
-  check_elementwise(at::kCUDA, x, "x", y, "y");
-  at::Tensor out = at::empty_like(x);
-  add_relu_cuda_into(x, y, out, /*vectorized=*/true);
-  return out;
-}
-
-at::Tensor add_relu_naive_cuda(const at::Tensor& x, const at::Tensor& y) {
-  check_elementwise(at::kCUDA, x, "x", y, "y");
-  at::Tensor out = at::empty_like(x);
-  add_relu_cuda_into(x, y, out, /*vectorized=*/false);
-  return out;
-}
-
-void add_relu_out_cuda(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
-  check_elementwise(at::kCUDA, x, "x", y, "y");
-  check_elementwise(at::kCUDA, x, "x", out, "out");
-  add_relu_cuda_into(x, y, out, /*vectorized=*/true);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(labkernels, CUDA, m) {
-  m.impl("add_relu", &add_relu_cuda);
-  m.impl("add_relu_naive", &add_relu_naive_cuda);
-  m.impl("add_relu_out", &add_relu_out_cuda);
-}
-
+}  // namespace cuda
 }  // namespace labkernels

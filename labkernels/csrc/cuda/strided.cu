@@ -1,4 +1,5 @@
-// Stride-aware ops on CUDA: the schemas of ../strided.cpp, registered for the CUDA dispatch key.
+// Stride-aware copies on CUDA: the kernels behind ../strided.cpp's schemas on the CUDA key (the torch side is
+// in ops.cpp).
 //
 //   copy_strided / add_relu_strided   the naive version: one thread per output element splits its flat index
 //                                     into (i_0, ..., i_{d-1}) and reads data_ptr + sum_k i_k * stride_k.
@@ -10,35 +11,20 @@
 //                                     The tile is 32x33: the padding column puts a tile column's 32 elements
 //                                     in 32 different banks, so reading a column costs one pass, not 32.
 // Traffic: read n, write n elements for the copies; read 2n, write n for add_relu.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
-
 #include <cstdint>
 
-#include "../checks.h"
+#include "dtypes.cuh"
+#include "launch.h"
 
 namespace labkernels {
-namespace ch02 {
-
-// Defined in ../strided.cpp (same library): one set of checks for both devices.
-void strided_check_copy(const at::Tensor& x, const at::Tensor& out, at::DeviceType device);
-void strided_check_add_relu(const at::Tensor& x, const at::Tensor& y, const at::Tensor& out,
-                            at::DeviceType device);
-void strided_check_2d(const at::Tensor& x);
-
+namespace cuda {
 namespace {
 
-constexpr int kStridedDims = 8;  // = kStridedMaxDims in ../strided.cpp
 constexpr int kStridedThreads = 256;
 constexpr int kTile = 32;     // tile edge, = warp size
 constexpr int kTileRows = 8;  // thread rows per block: each thread copies kTile / kTileRows = 4 elements
 
-// Sizes and strides passed by value in the kernel's parameter space (no device allocation needed).
+// Geometry with the index type the kernel computes in (int32 where every offset fits: see below).
 template <typename index_t>
 struct StridedGeometry {
   int ndim;
@@ -47,14 +33,23 @@ struct StridedGeometry {
 };
 
 template <typename index_t>
-StridedGeometry<index_t> strided_geometry(const at::Tensor& t) {
-  StridedGeometry<index_t> g{};
-  g.ndim = static_cast<int>(t.dim());
+StridedGeometry<index_t> narrow(const Geometry& g) {
+  StridedGeometry<index_t> out{};
+  out.ndim = g.ndim;
   for (int k = 0; k < g.ndim; ++k) {
-    g.sizes[k] = static_cast<index_t>(t.size(k));
-    g.strides[k] = static_cast<index_t>(t.stride(k));
+    out.sizes[k] = static_cast<index_t>(g.sizes[k]);
+    out.strides[k] = static_cast<index_t>(g.strides[k]);
   }
-  return g;
+  return out;
+}
+
+// True when the element count and the largest offset the view reaches fit in int32.
+bool fits_int32(const Geometry& g, int64_t n) {
+  int64_t last = 0;
+  for (int k = 0; k < g.ndim; ++k) {
+    last += (g.sizes[k] - 1) * g.strides[k];
+  }
+  return n < INT32_MAX && last < INT32_MAX;
 }
 
 // Storage offset (in elements, from data_ptr) of the view element with row-major flat index `flat`.
@@ -78,20 +73,13 @@ __global__ void copy_strided_kernel(const scalar_t* __restrict__ x, scalar_t* __
   }
 }
 
-template <typename scalar_t>
-__device__ __forceinline__ scalar_t strided_relu_sum(scalar_t a, scalar_t b) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const acc_t v = static_cast<acc_t>(a) + static_cast<acc_t>(b);
-  return static_cast<scalar_t>(v < acc_t(0) ? acc_t(0) : v);  // keeps NaN, like torch.relu
-}
-
 template <typename scalar_t, typename index_t>
 __global__ void add_relu_strided_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ y,
                                         scalar_t* __restrict__ out, StridedGeometry<index_t> gx,
                                         StridedGeometry<index_t> gy, index_t n) {
   const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
   for (index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = strided_relu_sum(x[strided_offset(i, gx)], y[strided_offset(i, gy)]);
+    out[i] = add_relu_element(x[strided_offset(i, gx)], y[strided_offset(i, gy)]);
   }
 }
 
@@ -137,118 +125,77 @@ int64_t strided_blocks(int64_t n) {
   return blocks < 65535 * 32 ? blocks : 65535 * 32;  // grid-stride loop covers the rest
 }
 
-bool strided_fits_int32(const at::Tensor& t) {
-  int64_t last = 0;
-  for (int64_t k = 0; k < t.dim(); ++k) {
-    last += (t.size(k) - 1) * t.stride(k);
-  }
-  return t.numel() < INT32_MAX && last < INT32_MAX;
-}
+}  // namespace
 
-void copy_strided_out_cuda(const at::Tensor& x, at::Tensor& out) {
-  strided_check_copy(x, out, at::kCUDA);
-  const int64_t n = x.numel();
+cudaError_t launch_copy_strided(Dtype dtype, const void* x, void* out, const Geometry& gx, int64_t n,
+                                cudaStream_t stream) {
   if (n == 0) {
-    return;
+    return cudaSuccess;
   }
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "copy_strided_cuda", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    if (strided_fits_int32(x)) {  // 32-bit index math: a 64-bit division costs several times more
+  return dispatch(dtype, [&](auto tag) {
+    using scalar_t = typename decltype(tag)::type;
+    const auto* xp = static_cast<const scalar_t*>(x);
+    auto* op = static_cast<scalar_t*>(out);
+    if (fits_int32(gx, n)) {  // 32-bit index math: a 64-bit division costs several times more
       copy_strided_kernel<scalar_t, int32_t><<<strided_blocks(n), kStridedThreads, 0, stream>>>(
-          xp, op, strided_geometry<int32_t>(x), static_cast<int32_t>(n));
+          xp, op, narrow<int32_t>(gx), static_cast<int32_t>(n));
     } else {
       copy_strided_kernel<scalar_t, int64_t><<<strided_blocks(n), kStridedThreads, 0, stream>>>(
-          xp, op, strided_geometry<int64_t>(x), n);
+          xp, op, narrow<int64_t>(gx), n);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return cudaGetLastError();
   });
 }
 
-void add_relu_strided_out_cuda(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
-  strided_check_add_relu(x, y, out, at::kCUDA);
-  const int64_t n = x.numel();
+cudaError_t launch_add_relu_strided(Dtype dtype, const void* x, const void* y, void* out, const Geometry& gx,
+                                    const Geometry& gy, int64_t n, cudaStream_t stream) {
   if (n == 0) {
-    return;
+    return cudaSuccess;
   }
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "add_relu_strided_cuda", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* yp = y.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    if (strided_fits_int32(x) && strided_fits_int32(y)) {
+  return dispatch(dtype, [&](auto tag) {
+    using scalar_t = typename decltype(tag)::type;
+    const auto* xp = static_cast<const scalar_t*>(x);
+    const auto* yp = static_cast<const scalar_t*>(y);
+    auto* op = static_cast<scalar_t*>(out);
+    if (fits_int32(gx, n) && fits_int32(gy, n)) {
       add_relu_strided_kernel<scalar_t, int32_t><<<strided_blocks(n), kStridedThreads, 0, stream>>>(
-          xp, yp, op, strided_geometry<int32_t>(x), strided_geometry<int32_t>(y), static_cast<int32_t>(n));
+          xp, yp, op, narrow<int32_t>(gx), narrow<int32_t>(gy), static_cast<int32_t>(n));
     } else {
       add_relu_strided_kernel<scalar_t, int64_t><<<strided_blocks(n), kStridedThreads, 0, stream>>>(
-          xp, yp, op, strided_geometry<int64_t>(x), strided_geometry<int64_t>(y), n);
+          xp, yp, op, narrow<int64_t>(gx), narrow<int64_t>(gy), n);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return cudaGetLastError();
   });
 }
 
-void copy_2d_tiled_out_cuda(const at::Tensor& x, at::Tensor& out) {
-  strided_check_2d(x);
-  strided_check_copy(x, out, at::kCUDA);
-  const int64_t M = x.size(0);
-  const int64_t N = x.size(1);
+cudaError_t launch_copy_2d_tiled(Dtype dtype, const void* x, void* out, int64_t M, int64_t N, int64_t stride_xm,
+                                 int64_t stride_xn, cudaStream_t stream) {
   if (M == 0 || N == 0) {
-    return;
+    return cudaSuccess;
   }
   const int64_t tiles_m = (M + kTile - 1) / kTile;
   const int64_t tiles_n = (N + kTile - 1) / kTile;
-  TORCH_CHECK(tiles_m * tiles_n <= INT32_MAX, "x has too many 32x32 tiles for one grid: ", dims(x.sizes()));
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (tiles_m * tiles_n > INT32_MAX) {
+    return cudaErrorInvalidConfiguration;  // ops.cpp checks first, with a message
+  }
   const dim3 block(kTile, kTileRows);
   const unsigned int grid = static_cast<unsigned int>(tiles_m * tiles_n);
   // Load along m when x's m stride is the smaller one (a transposed view); a size-1 dim never decides.
-  const bool along_m = N > 1 && M > 1 && x.stride(0) < x.stride(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "copy_2d_tiled_cuda", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
+  const bool along_m = N > 1 && M > 1 && stride_xm < stride_xn;
+  return dispatch(dtype, [&](auto tag) {
+    using scalar_t = typename decltype(tag)::type;
+    const auto* xp = static_cast<const scalar_t*>(x);
+    auto* op = static_cast<scalar_t*>(out);
     if (along_m) {
-      copy_2d_tiled_kernel<scalar_t, true><<<grid, block, 0, stream>>>(xp, op, M, N, x.stride(0), x.stride(1),
+      copy_2d_tiled_kernel<scalar_t, true><<<grid, block, 0, stream>>>(xp, op, M, N, stride_xm, stride_xn,
                                                                        tiles_n);
     } else {
-      copy_2d_tiled_kernel<scalar_t, false><<<grid, block, 0, stream>>>(xp, op, M, N, x.stride(0), x.stride(1),
+      copy_2d_tiled_kernel<scalar_t, false><<<grid, block, 0, stream>>>(xp, op, M, N, stride_xm, stride_xn,
                                                                         tiles_n);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return cudaGetLastError();
   });
 }
 
-at::Tensor copy_strided_cuda(const at::Tensor& x) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  copy_strided_out_cuda(x, out);
-  return out;
-}
-
-at::Tensor add_relu_strided_cuda(const at::Tensor& x, const at::Tensor& y) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  add_relu_strided_out_cuda(x, y, out);
-  return out;
-}
-
-at::Tensor copy_2d_tiled_cuda(const at::Tensor& x) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  copy_2d_tiled_out_cuda(x, out);
-  return out;
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(labkernels, CUDA, m) {
-  m.impl("copy_strided", &copy_strided_cuda);
-  m.impl("copy_strided_out", &copy_strided_out_cuda);
-  m.impl("add_relu_strided", &add_relu_strided_cuda);
-  m.impl("add_relu_strided_out", &add_relu_strided_out_cuda);
-  m.impl("copy_2d_tiled", &copy_2d_tiled_cuda);
-  m.impl("copy_2d_tiled_out", &copy_2d_tiled_out_cuda);
-}
-
-}  // namespace ch02
+}  // namespace cuda
 }  // namespace labkernels
