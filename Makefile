@@ -14,7 +14,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 # Notebooks draw with the inline backend (a figure's text is '<Figure size ...>' in both lanes).
 export MPLBACKEND ?= module://matplotlib_inline.backend_inline
 
-.PHONY: lab venv test test-gpu bench outputs exercises grade lint clean
+.PHONY: lab venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,10 +43,19 @@ test: venv
 	$(VPY) -m labkernels exercises --check
 
 # GPU lane, in the *current* Python environment (an instructor's GPU runner or a GPU image): no venv, no torch.
-test-gpu:
-	$(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA device')"
+# The two halves run separately too (e.g. on two GPUs: CUDA_VISIBLE_DEVICES=1 make test-gpu-notebooks);
+# NOTEBOOKS picks which notebooks nbval checks.
+NOTEBOOKS ?= notebooks solutions
+test-gpu: test-gpu-unit test-gpu-notebooks
+
+gpu-present:
+	@$(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA device')"
+
+test-gpu-unit: gpu-present
 	MPLBACKEND=Agg $(PYTHON) -m pytest -q -p no:cacheprovider tests
-	$(PYTHON) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
+
+test-gpu-notebooks: gpu-present
+	$(PYTHON) -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
 
 bench:
 	$(PYTHON) -m labkernels bench
