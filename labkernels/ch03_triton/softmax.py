@@ -100,12 +100,12 @@ def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
 
 
 def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a matrix shape, from the H200 sweep of rows per program and
-    warps (ch03_softmax_configs): tiles of at least 2048 elements, 16 elements per thread."""
+    """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a matrix shape, from the H200 sweeps of warps and rows per
+    program (ch03_softmax_configs): tiles of at least 2048 elements, about 64 elements per thread."""
     block_n = triton.next_power_of_2(n_cols)
     elements = 2048 if on_gpu() else 16384  # per program: a few KB on the GPU; big tiles for the interpreter
     block_m = max(1, min(elements // block_n, triton.next_power_of_2(n_rows)))
-    num_warps = min(32, max(4, block_m * block_n // 512))
+    num_warps = min(32, max(4, block_m * block_n // 2048))
     return block_m, block_n, num_warps
 
 
