@@ -258,14 +258,9 @@ def _format_compile_error(name: str, msg: CompilerMessage | None, source: str | 
     return "\n".join(out)
 
 
-def binding_source(functions: list[str]) -> str:
-    """The pybind11 module for `functions`, appended after a learner's source: `m.def` of each, as a
-    hand-written `PYBIND11_MODULE` would do. load_inline's own `functions=` wraps each in
-    `torch::wrap_pybind_function`, and on the H200 image (torch 2.11+cu130) a `TORCH_CHECK` failing inside a
-    function wrapped that way killed the process with SIGSEGV; a plain `m.def` raises RuntimeError as it
-    should (c10::Error reaches Python through torch's exception translator)."""
-    defs = "".join(f'  m.def("{f}", &{f}, "{f}");\n' for f in functions)
-    return f"#include <torch/csrc/utils/pybind.h>\n\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{defs}}}\n"
+#: Appended after a learner's source when `functions` asks for pybind bindings: what load_inline's generated
+#: `PYBIND11_MODULE` needs (pybind11, the Tensor type caster, torch::wrap_pybind_function), and no more.
+BINDING_INCLUDES = "#include <torch/csrc/Exceptions.h>"
 
 
 def supports_no_implicit_headers() -> bool:
@@ -296,7 +291,7 @@ def build_inline(
 
     The source must include the headers it uses (`<ATen/ATen.h>`, `<ATen/Dispatch.h>`, `<torch/library.h>`):
     torch's `load_inline` would prepend `<torch/extension.h>`, which doubles the build time, so we ask it
-    not to. With `functions`, a pybind11 module for them (`binding_source`) is added after the source (so line
+    not to. With `functions`, the pybind11 module torch generates for them is added after the source (so line
     numbers in errors are the learner's own). Without `functions` the library is loaded with
     `torch.ops.load_library` (for sources that register ops with `TORCH_LIBRARY`) and its path is returned.
 
@@ -314,17 +309,20 @@ def build_inline(
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
     check_lock(directory)
-    cpp_sources = [cpp_source] + ([binding_source(functions)] if functions else [])
+    cpp_sources = [cpp_source]
     kwargs = {}
     line_offset = 1  # the `#include <torch/extension.h>` line torch prepends by default
     if supports_no_implicit_headers():
         line_offset = 0
         kwargs["no_implicit_headers"] = True
+        if functions:
+            cpp_sources.append(BINDING_INCLUDES)
     try:
         return load_inline(
             name=name,
             cpp_sources=cpp_sources,
             cuda_sources=[cuda_source] if cuda_source else None,
+            functions=functions,
             extra_cflags=flags,
             extra_cuda_cflags=["-O2"],
             extra_ldflags=openmp_flags(),

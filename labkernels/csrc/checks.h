@@ -10,9 +10,10 @@
 #include <string>
 
 // Declared here, defined once in checks.cpp and called by both devices' impls, so the wording is the same.
-// Messages format sizes and strides with `dims()` instead of streaming an IntArrayRef: on the H200 image
-// (torch 2.11+cu130) a failed check whose message streamed sizes took the process down with SIGSEGV, while
-// one streaming only dtypes raised normally. The Python wrappers validate first in any case.
+// Messages format numbers with std::to_string (`dims()` for sizes and strides) instead of streaming them: on
+// the H200 image (torch 2.11+cu130) a failed check whose message streamed a number (an int64, a double, an
+// IntArrayRef) took the process down with SIGSEGV, while text and dtypes raised normally. The Python wrappers
+// validate first in any case.
 namespace labkernels {
 
 // "[4, 6]": sizes or strides as text, built with std::to_string alone.

@@ -43,14 +43,16 @@ int64_t strided_last_element(const at::Tensor& t) {
 void strided_check_input(const at::Tensor& x, const char* name, at::DeviceType device) {
   check_float_tensor(x, name);
   check_device(x, name, device);
-  TORCH_CHECK(x.dim() <= kStridedMaxDims, name, " has ", x.dim(), " dims; at most ", kStridedMaxDims,
-              " are supported");
+  TORCH_CHECK(x.dim() <= kStridedMaxDims, name, " has ", std::to_string(x.dim()), " dims; at most ",
+              std::to_string(kStridedMaxDims), " are supported");
   for (int64_t k = 0; k < x.dim(); ++k) {
-    TORCH_CHECK(x.stride(k) >= 0, name, " has a negative stride ", x.stride(k), " in dim ", k);
+    TORCH_CHECK(x.stride(k) >= 0, name, " has a negative stride ", std::to_string(x.stride(k)), " in dim ",
+                std::to_string(k));
   }
   const int64_t capacity = static_cast<int64_t>(x.storage().nbytes()) / static_cast<int64_t>(x.itemsize());
-  TORCH_CHECK(strided_last_element(x) < capacity, name, " reaches storage element ", strided_last_element(x),
-              " but its storage holds ", capacity, " elements");
+  TORCH_CHECK(strided_last_element(x) < capacity, name, " reaches storage element ",
+              std::to_string(strided_last_element(x)), " but its storage holds ", std::to_string(capacity),
+              " elements");
 }
 
 // Byte spans [first, last) of two views; true if they intersect (conservative for interleaved views).

@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <string>
+
 #include "../checks.h"
 #include "launch.h"
 
@@ -87,7 +89,8 @@ at::Tensor scale_shift_cuda(const at::Tensor& x, double a, double b) {
 // --- strided (chapter 02) -----------------------------------------------------------------------------------
 
 cuda::Geometry geometry(const at::Tensor& t) {
-  TORCH_CHECK(t.dim() <= cuda::kStridedDims, "at most ", cuda::kStridedDims, " dims, got ", t.dim());
+  TORCH_CHECK(t.dim() <= cuda::kStridedDims, "at most ", std::to_string(cuda::kStridedDims), " dims, got ",
+              std::to_string(t.dim()));
   cuda::Geometry g{};
   g.ndim = static_cast<int>(t.dim());
   for (int k = 0; k < g.ndim; ++k) {
