@@ -6,6 +6,7 @@ import torch
 
 import labkernels
 from labkernels.ch03_triton import add_relu as add_relu_mod
+from labkernels.ch03_triton import bench
 from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch03_triton import softmax as softmax_mod
 from labkernels.ch03_triton import vector_add as vector_add_mod
@@ -13,6 +14,7 @@ from labkernels.ch03_triton.add_relu import add_relu
 from labkernels.ch03_triton.matmul import matmul
 from labkernels.ch03_triton.softmax import softmax
 from labkernels.ch03_triton.vector_add import vector_add
+from labkernels.results import Table
 
 DEVICE = labkernels.DEVICE
 gpu = pytest.mark.skipif(not labkernels.on_gpu(), reason="needs the GPU lane")
@@ -263,3 +265,23 @@ def test_gpu_large_shapes():
     b = torch.randn(1500, 700, device=DEVICE, dtype=torch.bfloat16)
     err = _matmul_error(matmul(a, b), a, b)
     assert err <= 2 * _matmul_error(a @ b, a, b) + 1e-2
+
+
+def test_summarize_softmax_configs_reads_csv_flags_and_skips_failed_configs():
+    def row(warps, persistent, vectorize, fraction):  # flags as strings, as a CSV gives them back
+        config = {"num_warps": warps, "persistent": str(persistent), "vectorize": str(vectorize)}
+        return {"rows": 8, "cols": 100, "dtype": "float32", **config, "fraction_of_copy": fraction}
+
+    configs = Table(
+        [
+            row(4, False, True, 0.5),
+            row(8, False, True, 0.7),
+            row(16, False, True, float("nan")),  # did not fit: never the best
+            row(4, True, True, 0.6),
+            row(8, False, False, 0.3),
+        ]
+    )
+    (summary,) = bench.summarize_softmax_configs(configs).rows
+    assert (summary["one_block"], summary["its_warps"]) == (0.7, 8)
+    assert (summary["persistent"], summary["persistent_warps"]) == (0.6, 4)
+    assert summary["no_16_byte_access"] == 0.3

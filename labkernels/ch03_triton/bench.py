@@ -141,6 +141,38 @@ def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
     return Table(rows)
 
 
+def summarize_softmax_configs(configs: Table) -> Table:
+    """Per shape, from a `softmax_configs` table (or its CSV): the best fraction of copy bandwidth over
+    num_warps with one row block per program and with persistent programs, and the fraction without 16-byte
+    accesses."""
+
+    def flag(value) -> bool:  # True/False, or "True"/"False" when read back from a CSV
+        return str(value) == "True"
+
+    def best(group: list[dict], persistent: bool, vectorize: bool) -> dict:
+        fraction = lambda r: r.get("fraction_of_copy", float("nan"))  # noqa: E731  (NaN: config did not fit)
+        wanted = (persistent, vectorize)
+        chosen = [r for r in group if (flag(r["persistent"]), flag(r["vectorize"])) == wanted]
+        return max((r for r in chosen if fraction(r) == fraction(r)), key=fraction)
+
+    rows = []
+    for n_rows, n_cols, dtype in dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in configs.rows):
+        group = configs.where(rows=n_rows, cols=n_cols, dtype=dtype).rows
+        one_block, persistent = best(group, False, True), best(group, True, True)
+        rows.append(
+            {
+                "shape": f"{n_rows}x{n_cols}",
+                "dtype": dtype,
+                "one_block": round(one_block["fraction_of_copy"], 2),
+                "its_warps": one_block["num_warps"],
+                "persistent": round(persistent["fraction_of_copy"], 2),
+                "persistent_warps": persistent["num_warps"],
+                "no_16_byte_access": round(best(group, False, False)["fraction_of_copy"], 2),
+            }
+        )
+    return Table(rows)
+
+
 @benchmark("ch03_softmax_configs")
 def bench_softmax_configs() -> list[dict]:
     copy_gbps = measure_copy_bandwidth()
