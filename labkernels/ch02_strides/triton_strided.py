@@ -144,6 +144,23 @@ def copy_2d_naive(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Ten
 
 
 @triton.jit
+def _tile(M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, INDEX_64: tl.constexpr):
+    """This program's (BLOCK_SIZE_M, BLOCK_SIZE_N) tile of an (M, N) output, tiles numbered row by row: its
+    row and column indices (int64 when an offset could pass 2^31) and the mask of those inside the matrix."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    if INDEX_64:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    return offs_m, offs_n, mask
+
+
+@triton.jit
 def _copy_2d_tiled_kernel(
     x_ptr,
     out_ptr,
@@ -156,16 +173,7 @@ def _copy_2d_tiled_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     INDEX_64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    if INDEX_64:
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_m, offs_n, mask = _tile(M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, INDEX_64)
     # (BLOCK_M, BLOCK_N) tile; a stride equal to 1 is specialised at compile time, so the load is laid out
     # (and vectorised) along whichever dimension of x is contiguous
     tile = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
@@ -252,16 +260,7 @@ def _add_relu_2d_kernel(
     BLOCK_SIZE_N: tl.constexpr,
     INDEX_64: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    if INDEX_64:
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_m, offs_n, mask = _tile(M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, INDEX_64)
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
     y = tl.load(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, mask=mask)
     z = tl.maximum(x + y, 0.0)

@@ -109,6 +109,18 @@ def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
+def _launch_arguments(
+    x: torch.Tensor, out: torch.Tensor, block_m: int, vec: int, num_warps: int, num_stages: int
+) -> tuple[tuple, dict]:
+    """The kernel's arguments for x and out: lengths and row strides in whole VEC-element vectors."""
+    n_rows, n_cols = x.shape
+    strides = (x.stride(0) // vec, x.stride(1), out.stride(0) // vec, out.stride(1))
+    args = (out, x, n_rows, n_cols // vec, *strides)
+    meta = {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": triton.next_power_of_2(n_cols), "VEC": vec}
+    meta |= {"NUM_STAGES": num_stages, "num_warps": num_warps, "num_stages": num_stages}
+    return args, meta
+
+
 @functools.cache
 def _programs_per_sm(
     block_m: int, block_n: int, vec: int, num_warps: int, num_stages: int, dtype: torch.dtype
@@ -121,23 +133,8 @@ def _programs_per_sm(
         device = triton.runtime.driver.active.get_current_device()
         limits = triton.runtime.driver.active.utils.get_device_properties(device)
         x = torch.empty((2, block_n), device="cuda", dtype=dtype)
-        compiled = _softmax_kernel.warmup(
-            x,
-            x,
-            2,
-            block_n // vec,
-            block_n // vec,
-            1,
-            block_n // vec,
-            1,
-            BLOCK_SIZE_M=block_m,
-            BLOCK_SIZE_N=block_n,
-            VEC=vec,
-            NUM_STAGES=num_stages,
-            num_warps=num_warps,
-            num_stages=num_stages,
-            grid=(1,),
-        )
+        args, meta = _launch_arguments(x, x, block_m, vec, num_warps, num_stages)
+        compiled = _softmax_kernel.warmup(*args, **meta, grid=(1,))
         compiled._init_handles()
         by_regs = limits["max_num_regs"] // max(1, compiled.n_regs * 32 * num_warps)
         shared = compiled.metadata.shared
@@ -196,20 +193,6 @@ def softmax(
         n_programs = min(n_steps, n_sm * per_sm)
     elif persistent:
         n_programs = min(n_steps, 8)  # a few, so that each program loops
-    _softmax_kernel[(n_programs,)](
-        out,
-        x,
-        n_rows,
-        n_cols // vec,
-        x.stride(0) // vec,
-        x.stride(1),
-        out.stride(0) // vec,
-        out.stride(1),
-        BLOCK_SIZE_M=block_m,
-        BLOCK_SIZE_N=block_n,
-        VEC=vec,
-        NUM_STAGES=num_stages,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+    args, meta = _launch_arguments(x, out, block_m, vec, num_warps, num_stages)
+    _softmax_kernel[(n_programs,)](*args, **meta)
     return out
