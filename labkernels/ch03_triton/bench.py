@@ -91,9 +91,12 @@ def bench_block_sweep() -> list[dict]:
 
 
 def softmax_rows(
-    n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps: float, naive: bool = True
+    n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps: float, naive: bool = True, copy: bool = False
 ) -> list[dict]:
-    """Triton's fused softmax against torch.softmax (also one kernel) and the naive five-kernel reference."""
+    """Triton's fused softmax against torch.softmax (also one kernel) and the naive five-kernel reference.
+
+    copy=True adds a copy of the same number of bytes: the ceiling at this size, which for tensors of a
+    hundred MB or so sits a few percent below the big-copy bandwidth (copy_gbps) the fractions are of."""
     x = _random(n_rows, n_cols, dtype=dtype)
     fused = traffic.softmax(n_rows, n_cols, dtype)
     impls = [("triton", lambda: softmax(x), fused), ("torch", lambda: torch.softmax(x, dim=1), fused)]
@@ -101,6 +104,9 @@ def softmax_rows(
         impls.append(
             ("naive", lambda: softmax_mod.reference(x), traffic.softmax(n_rows, n_cols, dtype, fused=False))
         )
+    if copy:
+        out = torch.empty_like(x)
+        impls.append(("copy", lambda: out.copy_(x), traffic.copy(x.numel(), dtype)))  # read MN, write MN
     params = {"rows": n_rows, "cols": n_cols, "dtype": _dtype_name(dtype)}
     return _timed_rows(impls, params, copy_gbps)
 
@@ -111,7 +117,7 @@ def bench_softmax() -> list[dict]:
     rows = []
     for shape in [(8192, 8192), (8192, 5000)]:
         for dtype in (torch.float32, torch.bfloat16):
-            rows += [{"sweep": "headline", **r} for r in softmax_rows(*shape, dtype, copy_gbps)]
+            rows += [{"sweep": "headline", **r} for r in softmax_rows(*shape, dtype, copy_gbps, copy=True)]
     for n_cols in [128, 256, 512, 1000, 1024, 2048, 3000, 4096, 5000, 8192, 12000, 16384, 32768]:
         rows += [{"sweep": "width", **r} for r in softmax_rows(4096, n_cols, torch.float32, copy_gbps)]
     return rows
@@ -119,19 +125,22 @@ def bench_softmax() -> list[dict]:
 
 def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
     """The fused softmax at fixed num_warps, one row block per program vs persistent programs, and (at the
-    default warps) without 16-byte vectors: what the default choice (`default` = True) leaves on the table."""
+    default warps) without 16-byte vectors or with the fp32 exps held across the sum: what the default choice
+    (`default` = True) leaves on the table."""
     rows = []
     for n_rows, n_cols, dtype in shapes:
         x = _random(n_rows, n_cols, dtype=dtype)
         nbytes = traffic.softmax(n_rows, n_cols, dtype).bytes
-        auto_warps = softmax_mod._tile(n_rows, n_cols)[2]
-        variants = [(w, p, True) for w in num_warps for p in (False, True)] + [(auto_warps, False, False)]
-        for warps, persistent, vectorize in variants:
+        auto_warps = softmax_mod._tile(n_rows, n_cols, x.element_size())[2]
+        variants = [(w, p, True, True) for w in num_warps for p in (False, True)]
+        variants += [(auto_warps, False, False, True), (auto_warps, False, True, False)]
+        for warps, persistent, vectorize, recompute_exp in variants:
             row = {"rows": n_rows, "cols": n_cols, "dtype": _dtype_name(dtype), "num_warps": warps}
-            row |= {"persistent": persistent, "vectorize": vectorize}
-            row["default"] = warps == auto_warps and not persistent and vectorize
+            row |= {"persistent": persistent, "vectorize": vectorize, "recompute_exp": recompute_exp}
+            row["default"] = warps == auto_warps and not persistent and vectorize and recompute_exp
+            options = {"num_warps": warps, "persistent": persistent}
+            options |= {"vectorize": vectorize, "recompute_exp": recompute_exp}
             try:
-                options = {"num_warps": warps, "persistent": persistent, "vectorize": vectorize}
                 ms = timing.time_ms(lambda x=x, options=options: softmax(x, **options))
             except OutOfResources as e:  # too many registers or too much shared memory for this config
                 rows.append({**row, "ms": float("nan"), "error": str(e)[:80]})
@@ -144,21 +153,25 @@ def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
 def summarize_softmax_configs(configs: Table) -> Table:
     """Per shape, from a `softmax_configs` table (or its CSV): the best fraction of copy bandwidth over
     num_warps with one row block per program and with persistent programs, and the fraction without 16-byte
-    accesses."""
+    accesses and with the fp32 exps held across the sum."""
 
-    def flag(value) -> bool:  # True/False, or "True"/"False" when read back from a CSV
-        return str(value) == "True"
+    def flag(row: dict, name: str) -> bool:  # True/False, or "True"/"False" when read back from a CSV
+        return str(row.get(name, True)) == "True"  # a CSV from before a knob existed ran its default
 
-    def best(group: list[dict], persistent: bool, vectorize: bool) -> dict:
+    def best(
+        group: list[dict], persistent: bool, vectorize: bool = True, recompute_exp: bool = True
+    ) -> float:
         fraction = lambda r: r.get("fraction_of_copy", float("nan"))  # noqa: E731  (NaN: config did not fit)
-        wanted = (persistent, vectorize)
-        chosen = [r for r in group if (flag(r["persistent"]), flag(r["vectorize"])) == wanted]
-        return max((r for r in chosen if fraction(r) == fraction(r)), key=fraction)
+        wanted = (persistent, vectorize, recompute_exp)
+        knobs = ("persistent", "vectorize", "recompute_exp")
+        chosen = [r for r in group if tuple(flag(r, k) for k in knobs) == wanted]
+        chosen = [r for r in chosen if fraction(r) == fraction(r)]
+        return max(chosen, key=fraction) if chosen else {"fraction_of_copy": float("nan"), "num_warps": None}
 
     rows = []
     for n_rows, n_cols, dtype in dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in configs.rows):
         group = configs.where(rows=n_rows, cols=n_cols, dtype=dtype).rows
-        one_block, persistent = best(group, False, True), best(group, True, True)
+        one_block, persistent = best(group, False), best(group, True)
         rows.append(
             {
                 "shape": f"{n_rows}x{n_cols}",
@@ -167,7 +180,8 @@ def summarize_softmax_configs(configs: Table) -> Table:
                 "its_warps": one_block["num_warps"],
                 "persistent": round(persistent["fraction_of_copy"], 2),
                 "persistent_warps": persistent["num_warps"],
-                "no_16_byte_access": round(best(group, False, False)["fraction_of_copy"], 2),
+                "no_16_byte_access": round(best(group, False, vectorize=False)["fraction_of_copy"], 2),
+                "fp32_exps_held": round(best(group, False, recompute_exp=False)["fraction_of_copy"], 2),
             }
         )
     return Table(rows)
