@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import labkernels
+from labkernels import traffic
 from labkernels.ch03_triton import add_relu as add_relu_mod
 from labkernels.ch03_triton import bench
 from labkernels.ch03_triton import matmul as matmul_mod
@@ -113,16 +114,6 @@ def test_softmax(shape, dtype):
     atol, rtol = SOFTMAX_TOL[dtype]
     torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
     assert not got.isnan().any()
-
-
-@pytest.mark.parametrize("dtype", LANE_DTYPES)
-def test_softmax_holding_fp32_exps_gives_the_same_rows(dtype):
-    """recompute_exp=False (one exp per element, held across the sum): the same softmax, another schedule."""
-    x = (torch.randn(7, 5000, device=DEVICE) * 5).to(dtype)
-    expected = softmax_mod.reference(x.double()).to(dtype)
-    atol, rtol = SOFTMAX_TOL[dtype]
-    for recompute_exp in (True, False):
-        torch.testing.assert_close(softmax(x, recompute_exp=recompute_exp), expected, atol=atol, rtol=rtol)
 
 
 def test_softmax_many_narrow_rows_and_strides():
@@ -278,9 +269,8 @@ def test_gpu_large_shapes():
 
 
 def test_summarize_softmax_configs_reads_csv_flags_and_skips_failed_configs():
-    def row(warps, persistent, vectorize, fraction, recompute_exp=True):  # flags as strings, as in a CSV
+    def row(warps, persistent, vectorize, fraction):  # flags as strings, as a CSV gives them back
         config = {"num_warps": warps, "persistent": str(persistent), "vectorize": str(vectorize)}
-        config["recompute_exp"] = str(recompute_exp)
         return {"rows": 8, "cols": 100, "dtype": "float32", **config, "fraction_of_copy": fraction}
 
     configs = Table(
@@ -290,16 +280,17 @@ def test_summarize_softmax_configs_reads_csv_flags_and_skips_failed_configs():
             row(16, False, True, float("nan")),  # did not fit: never the best
             row(4, True, True, 0.6),
             row(8, False, False, 0.3),
-            row(8, False, True, 0.9, recompute_exp=False),  # not a candidate for the default columns
         ]
     )
     (summary,) = bench.summarize_softmax_configs(configs).rows
     assert (summary["one_block"], summary["its_warps"]) == (0.7, 8)
     assert (summary["persistent"], summary["persistent_warps"]) == (0.6, 4)
     assert summary["no_16_byte_access"] == 0.3
-    assert summary["fp32_exps_held"] == 0.9
-    # a CSV recorded before recompute_exp existed: its rows ran the default, and no held-exps row exists
-    old = Table([{k: v for k, v in r.items() if k != "recompute_exp"} for r in configs.rows[:5]])
-    (summary,) = bench.summarize_softmax_configs(old).rows
-    assert (summary["one_block"], summary["its_warps"]) == (0.7, 8)
-    assert summary["fp32_exps_held"] != summary["fp32_exps_held"]  # NaN: not measured
+
+
+def test_softmax_rows_can_add_a_copy_of_the_same_bytes():
+    rows = bench.softmax_rows(4, 64, torch.float32, copy_gbps=1.0, naive=False, copy=True)
+    assert [r["impl"] for r in rows] == ["triton", "torch", "copy"]
+    fused_bytes = traffic.softmax(4, 64).bytes
+    for r in rows:  # GB/s from each impl's own traffic model: the copy moves what the fused softmax moves
+        assert r["gbps"] == pytest.approx(fused_bytes / (r["ms"] * 1e-3) / 1e9)

@@ -125,22 +125,19 @@ def bench_softmax() -> list[dict]:
 
 def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
     """The fused softmax at fixed num_warps, one row block per program vs persistent programs, and (at the
-    default warps) without 16-byte vectors or with the fp32 exps held across the sum: what the default choice
-    (`default` = True) leaves on the table."""
+    default warps) without 16-byte vectors: what the default choice (`default` = True) leaves on the table."""
     rows = []
     for n_rows, n_cols, dtype in shapes:
         x = _random(n_rows, n_cols, dtype=dtype)
         nbytes = traffic.softmax(n_rows, n_cols, dtype).bytes
-        auto_warps = softmax_mod._tile(n_rows, n_cols, x.element_size())[2]
-        variants = [(w, p, True, True) for w in num_warps for p in (False, True)]
-        variants += [(auto_warps, False, False, True), (auto_warps, False, True, False)]
-        for warps, persistent, vectorize, recompute_exp in variants:
+        auto_warps = softmax_mod._tile(n_rows, n_cols)[2]
+        variants = [(w, p, True) for w in num_warps for p in (False, True)] + [(auto_warps, False, False)]
+        for warps, persistent, vectorize in variants:
             row = {"rows": n_rows, "cols": n_cols, "dtype": _dtype_name(dtype), "num_warps": warps}
-            row |= {"persistent": persistent, "vectorize": vectorize, "recompute_exp": recompute_exp}
-            row["default"] = warps == auto_warps and not persistent and vectorize and recompute_exp
-            options = {"num_warps": warps, "persistent": persistent}
-            options |= {"vectorize": vectorize, "recompute_exp": recompute_exp}
+            row |= {"persistent": persistent, "vectorize": vectorize}
+            row["default"] = warps == auto_warps and not persistent and vectorize
             try:
+                options = {"num_warps": warps, "persistent": persistent, "vectorize": vectorize}
                 ms = timing.time_ms(lambda x=x, options=options: softmax(x, **options))
             except OutOfResources as e:  # too many registers or too much shared memory for this config
                 rows.append({**row, "ms": float("nan"), "error": str(e)[:80]})
@@ -153,25 +150,21 @@ def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
 def summarize_softmax_configs(configs: Table) -> Table:
     """Per shape, from a `softmax_configs` table (or its CSV): the best fraction of copy bandwidth over
     num_warps with one row block per program and with persistent programs, and the fraction without 16-byte
-    accesses and with the fp32 exps held across the sum."""
+    accesses."""
 
-    def flag(row: dict, name: str) -> bool:  # True/False, or "True"/"False" when read back from a CSV
-        return str(row.get(name, True)) == "True"  # a CSV from before a knob existed ran its default
+    def flag(value) -> bool:  # True/False, or "True"/"False" when read back from a CSV
+        return str(value) == "True"
 
-    def best(
-        group: list[dict], persistent: bool, vectorize: bool = True, recompute_exp: bool = True
-    ) -> float:
+    def best(group: list[dict], persistent: bool, vectorize: bool) -> dict:
         fraction = lambda r: r.get("fraction_of_copy", float("nan"))  # noqa: E731  (NaN: config did not fit)
-        wanted = (persistent, vectorize, recompute_exp)
-        knobs = ("persistent", "vectorize", "recompute_exp")
-        chosen = [r for r in group if tuple(flag(r, k) for k in knobs) == wanted]
-        chosen = [r for r in chosen if fraction(r) == fraction(r)]
-        return max(chosen, key=fraction) if chosen else {"fraction_of_copy": float("nan"), "num_warps": None}
+        wanted = (persistent, vectorize)
+        chosen = [r for r in group if (flag(r["persistent"]), flag(r["vectorize"])) == wanted]
+        return max((r for r in chosen if fraction(r) == fraction(r)), key=fraction)
 
     rows = []
     for n_rows, n_cols, dtype in dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in configs.rows):
         group = configs.where(rows=n_rows, cols=n_cols, dtype=dtype).rows
-        one_block, persistent = best(group, False), best(group, True)
+        one_block, persistent = best(group, False, True), best(group, True, True)
         rows.append(
             {
                 "shape": f"{n_rows}x{n_cols}",
@@ -180,8 +173,7 @@ def summarize_softmax_configs(configs: Table) -> Table:
                 "its_warps": one_block["num_warps"],
                 "persistent": round(persistent["fraction_of_copy"], 2),
                 "persistent_warps": persistent["num_warps"],
-                "no_16_byte_access": round(best(group, False, vectorize=False)["fraction_of_copy"], 2),
-                "fp32_exps_held": round(best(group, False, recompute_exp=False)["fraction_of_copy"], 2),
+                "no_16_byte_access": round(best(group, False, False)["fraction_of_copy"], 2),
             }
         )
     return Table(rows)

@@ -12,13 +12,8 @@ The kernel teaches:
 - narrow rows are packed BLOCK_SIZE_M to a tile, so each program still moves a few KB;
 - 16-byte accesses for any row length whose rows start 16-byte aligned (VEC, below); `vectorize=False`
   shows what plain int arguments cost at a row length such as 5000;
-- registers are the bytes in flight: the row stays in registers in its own dtype and exp is computed twice
-  (once for the sum, once for the output) rather than one fp32 exp per element held across the sum. For
-  bf16 that halves the registers the row needs, so more programs fit on an SM and more loads are in flight;
-  the extra exp is arithmetic, which a memory-bound kernel has to spare. `recompute_exp=False` holds the
-  fp32 exps instead, to measure the difference;
 - one reciprocal per row, then a multiply per element: a true fp32 division per element costs several
-  instructions.
+  instructions, and at bf16's 2 bytes per element arithmetic starts to count against the memory time.
 Programs either take one row block each (the default) or, `persistent=True`, loop over row blocks grid-stride
 as in Triton's fused-softmax tutorial, with about as many programs as the SMs hold at once. On the H200 the
 one-block-per-program schedule won at wide rows (`make bench` records the comparison: ch03_softmax_configs).
@@ -63,7 +58,6 @@ def _softmax_kernel(
     BLOCK_SIZE_N: tl.constexpr,  # next_power_of_2(n_cols)
     VEC: tl.constexpr,  # elements per 16-byte vector that every row length and row start is a multiple of
     NUM_STAGES: tl.constexpr,  # loads of the next rows in flight while this one is reduced (GPU only)
-    RECOMPUTE_EXP: tl.constexpr,  # exp twice from the stored x, or once, held in fp32
 ):
     # Multiplying by the constexpr VEC lets the compiler prove what the launcher checked: rows start on a
     # 16-byte boundary and the mask is the same for all VEC lanes of a vector. It then emits 128-bit loads
@@ -84,18 +78,10 @@ def _softmax_kernel(
         # Rows past the end re-read the last row (never stored): no -inf - -inf = NaN in dead lanes.
         safe_rows = tl.minimum(rows, n_rows - 1)
         x_ptrs = x_ptr + safe_rows[:, None] * stride_xm + cols[None, :] * stride_xn
-        x = tl.load(x_ptrs, mask=col_mask[None, :], other=-float("inf"))  # read MN, kept in x's dtype
-        x_max = tl.max(x, axis=1).to(tl.float32)[:, None]  # exact in any dtype
-        if RECOMPUTE_EXP:
-            # exp(x - max) = exp2(x * log2(e) - max * log2(e)): a fused multiply-add and an exp2 per element.
-            # The output's exp below is written differently on purpose, so that the compiler computes each
-            # where it is used instead of keeping one fp32 value per element alive across the sum.
-            log2e = 1.4426950408889634
-            total = tl.sum(tl.exp2(x.to(tl.float32) * log2e - x_max * log2e), axis=1)
-            out = tl.exp(x.to(tl.float32) - x_max) * (1.0 / total)[:, None]  # padded lanes: exp(-inf) = 0
-        else:
-            num = tl.exp(x.to(tl.float32) - x_max)  # held in fp32 from here to the store
-            out = num * (1.0 / tl.sum(num, axis=1))[:, None]  # one division per row, a multiply per element
+        x = tl.load(x_ptrs, mask=col_mask[None, :], other=-float("inf")).to(tl.float32)  # read MN
+        z = x - tl.max(x, axis=1)[:, None]
+        num = tl.exp(z)  # padded lanes: exp(-inf) = 0
+        out = num * (1.0 / tl.sum(num, axis=1))[:, None]  # one division per row, a multiply per element
         out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
         mask = row_mask[:, None] & col_mask[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)  # write MN
@@ -113,45 +99,31 @@ def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
     return vec
 
 
-def _tile(n_rows: int, n_cols: int, element_size: int) -> tuple[int, int, int]:
+def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) for a matrix shape, from the H200 sweeps of warps and rows per
-    program (ch03_softmax_configs): tiles of at least 2048 elements, and a warp per 4 KB of tile (about 128
-    bytes of the row per thread: 64 bf16 or 32 fp32 values), 4 to 16 warps."""
+    program (ch03_softmax_configs): tiles of at least 2048 elements, about 64 elements per thread."""
     block_n = triton.next_power_of_2(n_cols)
     elements = 2048 if on_gpu() else 16384  # per program: a few KB on the GPU; big tiles for the interpreter
     block_m = max(1, min(elements // block_n, triton.next_power_of_2(n_rows)))
-    num_warps = min(16, max(4, block_m * block_n * element_size // 4096))
+    num_warps = min(32, max(4, block_m * block_n // 2048))
     return block_m, block_n, num_warps
 
 
 def _launch_arguments(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    block_m: int,
-    vec: int,
-    num_warps: int,
-    num_stages: int,
-    recompute_exp: bool = True,
+    x: torch.Tensor, out: torch.Tensor, block_m: int, vec: int, num_warps: int, num_stages: int
 ) -> tuple[tuple, dict]:
     """The kernel's arguments for x and out: lengths and row strides in whole VEC-element vectors."""
     n_rows, n_cols = x.shape
     strides = (x.stride(0) // vec, x.stride(1), out.stride(0) // vec, out.stride(1))
     args = (out, x, n_rows, n_cols // vec, *strides)
     meta = {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": triton.next_power_of_2(n_cols), "VEC": vec}
-    meta |= {"NUM_STAGES": num_stages, "RECOMPUTE_EXP": recompute_exp}
-    meta |= {"num_warps": num_warps, "num_stages": num_stages}
+    meta |= {"NUM_STAGES": num_stages, "num_warps": num_warps, "num_stages": num_stages}
     return args, meta
 
 
 @functools.cache
 def _programs_per_sm(
-    block_m: int,
-    block_n: int,
-    vec: int,
-    num_warps: int,
-    num_stages: int,
-    dtype: torch.dtype,
-    recompute_exp: bool,
+    block_m: int, block_n: int, vec: int, num_warps: int, num_stages: int, dtype: torch.dtype
 ) -> int:
     """How many programs one SM holds at once (registers, shared memory, threads): Triton's softmax tutorial
     compiles the kernel once and reads its register and shared-memory use."""
@@ -161,7 +133,7 @@ def _programs_per_sm(
         device = triton.runtime.driver.active.get_current_device()
         limits = triton.runtime.driver.active.utils.get_device_properties(device)
         x = torch.empty((2, block_n), device="cuda", dtype=dtype)
-        args, meta = _launch_arguments(x, x, block_m, vec, num_warps, num_stages, recompute_exp)
+        args, meta = _launch_arguments(x, x, block_m, vec, num_warps, num_stages)
         compiled = _softmax_kernel.warmup(*args, **meta, grid=(1,))
         compiled._init_handles()
         by_regs = limits["max_num_regs"] // max(1, compiled.n_regs * 32 * num_warps)
@@ -180,15 +152,13 @@ def softmax(
     persistent: bool = False,
     num_stages: int | None = None,
     vectorize: bool = True,
-    recompute_exp: bool = True,
 ) -> torch.Tensor:
     """Row softmax of a 2-D (rows, cols) tensor; any strides; result contiguous, in x's dtype.
 
     num_warps and rows_per_program (a power of two) default to a choice from the row width; persistent=True
     runs a few programs per SM that loop over the row blocks, with num_stages loads in flight (pass these to
     experiment: `bench.softmax_configs` sweeps them); vectorize=False passes the row length and strides as
-    plain ints, so the compiler cannot prove 16-byte alignment; recompute_exp=False keeps one fp32 exp per
-    element alive across the sum instead of computing exp again from the stored row.
+    plain ints, so the compiler cannot prove 16-byte alignment.
     """
     require_device(x, "softmax: x")
     if x.dtype not in DTYPES:
@@ -210,7 +180,7 @@ def softmax(
     if rows_per_program is not None and (rows_per_program < 1 or rows_per_program & (rows_per_program - 1)):
         raise ValueError(f"softmax: rows_per_program must be a power of two, got {rows_per_program}")
     out = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
-    block_m, block_n, auto_warps = _tile(n_rows, n_cols, x.element_size())
+    block_m, block_n, auto_warps = _tile(n_rows, n_cols)
     block_m = rows_per_program or block_m
     num_warps = num_warps or auto_warps
     num_stages = num_stages or (2 if persistent else 1)
@@ -219,10 +189,10 @@ def softmax(
     n_programs = n_steps
     if persistent and LANE == "gpu":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-        per_sm = _programs_per_sm(block_m, block_n, vec, num_warps, num_stages, x.dtype, recompute_exp)
+        per_sm = _programs_per_sm(block_m, block_n, vec, num_warps, num_stages, x.dtype)
         n_programs = min(n_steps, n_sm * per_sm)
     elif persistent:
         n_programs = min(n_steps, 8)  # a few, so that each program loops
-    args, meta = _launch_arguments(x, out, block_m, vec, num_warps, num_stages, recompute_exp)
+    args, meta = _launch_arguments(x, out, block_m, vec, num_warps, num_stages)
     _softmax_kernel[(n_programs,)](*args, **meta)
     return out
