@@ -12,11 +12,15 @@ The kernel teaches:
 - narrow rows are packed BLOCK_SIZE_M to a tile, so each program still moves a few KB;
 - 16-byte accesses for any row length whose rows start 16-byte aligned (VEC, below); `vectorize=False`
   shows what plain int arguments cost at a row length such as 5000;
-- one reciprocal per row, then a multiply per element: a true fp32 division per element costs several
-  instructions, and at bf16's 2 bytes per element arithmetic starts to count against the memory time.
+- registers are the bytes in flight: the row is held in its own dtype (half the registers of fp32 for
+  bf16/fp16) and exp is computed twice, for the sum and for the output, rather than one fp32 exp per element
+  kept alive across the sum; the output is exp2(log2 e * (x - max) - log2(sum)), so no division per element.
+  Fewer registers per program let more programs share an SM, which is what a bf16 row of a few thousand
+  elements needs to keep enough loads in flight.
 Programs either take one row block each (the default) or, `persistent=True`, loop over row blocks grid-stride
 as in Triton's fused-softmax tutorial, with about as many programs as the SMs hold at once. On the H200 the
-one-block-per-program schedule won at wide rows (`make bench` records the comparison: ch03_softmax_configs).
+one-block-per-program schedule won at wide rows (`make bench` records the comparison: ch03_softmax_configs);
+the loop also costs registers. Two kernels, one body (`_softmax_block`).
 Compute is fp32 whatever the storage dtype; the result is stored in the input's dtype.
 """
 
@@ -45,6 +49,42 @@ def reference(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _softmax_block(
+    out_ptr,
+    x_ptr,
+    step,  # which block of BLOCK_SIZE_M rows
+    n_rows,
+    n_cols,
+    stride_xm,
+    stride_xn,
+    stride_om,
+    stride_on,
+    BLOCK_SIZE_M: tl.constexpr,  # rows per block
+    BLOCK_SIZE_N: tl.constexpr,  # next_power_of_2(n_cols)
+):
+    cols = tl.arange(0, BLOCK_SIZE_N)
+    col_mask = cols < n_cols
+    rows = step * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    row_mask = rows < n_rows
+    # Rows past the end re-read the last row (never stored): no -inf - -inf = NaN in dead lanes.
+    safe_rows = tl.minimum(rows, n_rows - 1)
+    x_ptrs = x_ptr + safe_rows[:, None] * stride_xm + cols[None, :] * stride_xn
+    # The row stays in registers in x's own dtype: for bf16/fp16 half the registers of an fp32 copy, so more
+    # programs fit on an SM and more loads are in flight.
+    x = tl.load(x_ptrs, mask=col_mask[None, :], other=-float("inf"))  # read MN
+    x_max = tl.max(x, axis=1).to(tl.float32)[:, None]  # exact in any dtype
+    log2_num = (x.to(tl.float32) - x_max) * 1.4426950408889634  # log2 of exp(x - max); padded lanes: -inf
+    total = tl.sum(tl.exp2(log2_num), axis=1)[:, None]
+    # exp(x - max) / total as one exp2 of a log-space difference: the exps summed above are not kept alive
+    # across the sum (one fp32 value per element) but computed again, which costs arithmetic a memory-bound
+    # kernel has to spare, and no division per element.
+    out = tl.exp2(log2_num - tl.log2(total))
+    out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
+    mask = row_mask[:, None] & col_mask[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)  # write MN
+
+
+@triton.jit
 def _softmax_kernel(
     out_ptr,
     x_ptr,
@@ -54,37 +94,65 @@ def _softmax_kernel(
     stride_xn,
     out_row_vecs,  # out's row stride, in vectors
     stride_on,
-    BLOCK_SIZE_M: tl.constexpr,  # rows per step
-    BLOCK_SIZE_N: tl.constexpr,  # next_power_of_2(n_cols)
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
     VEC: tl.constexpr,  # elements per 16-byte vector that every row length and row start is a multiple of
-    NUM_STAGES: tl.constexpr,  # loads of the next rows in flight while this one is reduced (GPU only)
 ):
+    """One block of rows per program."""
     # Multiplying by the constexpr VEC lets the compiler prove what the launcher checked: rows start on a
     # 16-byte boundary and the mask is the same for all VEC lanes of a vector. It then emits 128-bit loads
     # and stores. Passed as plain ints, a row length such as 5000 (not a multiple of 16) would give
     # element-by-element 4-byte accesses, several times as many memory instructions for the same bytes.
-    n_cols = n_col_vecs * VEC
-    stride_xm = x_row_vecs * VEC
-    stride_om = out_row_vecs * VEC
-    pid = tl.program_id(axis=0)
-    n_programs = tl.num_programs(axis=0)
-    cols = tl.arange(0, BLOCK_SIZE_N)
-    col_mask = cols < n_cols
+    n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
+    step = tl.program_id(axis=0)
+    _softmax_block(
+        out_ptr,
+        x_ptr,
+        step,
+        n_rows,
+        n_cols,
+        stride_xm,
+        stride_xn,
+        stride_om,
+        stride_on,
+        BLOCK_SIZE_M,
+        BLOCK_SIZE_N,
+    )
+
+
+@triton.jit
+def _softmax_persistent_kernel(
+    out_ptr,
+    x_ptr,
+    n_rows,
+    n_col_vecs,
+    x_row_vecs,
+    stride_xn,
+    out_row_vecs,
+    stride_on,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    VEC: tl.constexpr,
+    NUM_STAGES: tl.constexpr,  # loads of the next rows in flight while this one is reduced (GPU only)
+):
+    """A few programs per SM, each looping over row blocks grid-stride (Triton's fused-softmax tutorial).
+    The loop costs registers: the compiler keeps more of each row alive across iterations."""
+    n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
     n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
-    # One row block per program (n_programs = n_steps), or persistent: grid-stride, loads pipelined.
-    for step in tl.range(pid, n_steps, n_programs, num_stages=NUM_STAGES):
-        rows = step * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        row_mask = rows < n_rows
-        # Rows past the end re-read the last row (never stored): no -inf - -inf = NaN in dead lanes.
-        safe_rows = tl.minimum(rows, n_rows - 1)
-        x_ptrs = x_ptr + safe_rows[:, None] * stride_xm + cols[None, :] * stride_xn
-        x = tl.load(x_ptrs, mask=col_mask[None, :], other=-float("inf")).to(tl.float32)  # read MN
-        z = x - tl.max(x, axis=1)[:, None]
-        num = tl.exp(z)  # padded lanes: exp(-inf) = 0
-        out = num * (1.0 / tl.sum(num, axis=1))[:, None]  # one division per row, a multiply per element
-        out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
-        mask = row_mask[:, None] & col_mask[None, :]
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)  # write MN
+    for step in tl.range(tl.program_id(axis=0), n_steps, tl.num_programs(axis=0), num_stages=NUM_STAGES):
+        _softmax_block(
+            out_ptr,
+            x_ptr,
+            step,
+            n_rows,
+            n_cols,
+            stride_xm,
+            stride_xn,
+            stride_om,
+            stride_on,
+            BLOCK_SIZE_M,
+            BLOCK_SIZE_N,
+        )
 
 
 def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
@@ -110,14 +178,17 @@ def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
 
 
 def _launch_arguments(
-    x: torch.Tensor, out: torch.Tensor, block_m: int, vec: int, num_warps: int, num_stages: int
+    x: torch.Tensor, out: torch.Tensor, block_m: int, vec: int, num_warps: int, num_stages: int | None
 ) -> tuple[tuple, dict]:
-    """The kernel's arguments for x and out: lengths and row strides in whole VEC-element vectors."""
+    """The kernel's arguments for x and out: lengths and row strides in whole VEC-element vectors;
+    num_stages only for the persistent kernel (None for the one-block-per-program kernel)."""
     n_rows, n_cols = x.shape
     strides = (x.stride(0) // vec, x.stride(1), out.stride(0) // vec, out.stride(1))
     args = (out, x, n_rows, n_cols // vec, *strides)
     meta = {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": triton.next_power_of_2(n_cols), "VEC": vec}
-    meta |= {"NUM_STAGES": num_stages, "num_warps": num_warps, "num_stages": num_stages}
+    meta["num_warps"] = num_warps
+    if num_stages is not None:
+        meta |= {"NUM_STAGES": num_stages, "num_stages": num_stages}
     return args, meta
 
 
@@ -134,7 +205,7 @@ def _programs_per_sm(
         limits = triton.runtime.driver.active.utils.get_device_properties(device)
         x = torch.empty((2, block_n), device="cuda", dtype=dtype)
         args, meta = _launch_arguments(x, x, block_m, vec, num_warps, num_stages)
-        compiled = _softmax_kernel.warmup(*args, **meta, grid=(1,))
+        compiled = _softmax_persistent_kernel.warmup(*args, **meta, grid=(1,))
         compiled._init_handles()
         by_regs = limits["max_num_regs"] // max(1, compiled.n_regs * 32 * num_warps)
         shared = compiled.metadata.shared
@@ -183,16 +254,19 @@ def softmax(
     block_m, block_n, auto_warps = _tile(n_rows, n_cols)
     block_m = rows_per_program or block_m
     num_warps = num_warps or auto_warps
-    num_stages = num_stages or (2 if persistent else 1)
-    n_steps = triton.cdiv(n_rows, block_m)
     vec = vector_width(x, out) if vectorize else 1
-    n_programs = n_steps
-    if persistent and LANE == "gpu":
+    n_steps = triton.cdiv(n_rows, block_m)
+    if not persistent:
+        args, meta = _launch_arguments(x, out, block_m, vec, num_warps, None)
+        _softmax_kernel[(n_steps,)](*args, **meta)
+        return out
+    num_stages = num_stages or 2
+    if LANE == "gpu":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
         per_sm = _programs_per_sm(block_m, block_n, vec, num_warps, num_stages, x.dtype)
         n_programs = min(n_steps, n_sm * per_sm)
-    elif persistent:
+    else:
         n_programs = min(n_steps, 8)  # a few, so that each program loops
     args, meta = _launch_arguments(x, out, block_m, vec, num_warps, num_stages)
-    _softmax_kernel[(n_programs,)](*args, **meta)
+    _softmax_persistent_kernel[(n_programs,)](*args, **meta)
     return out
