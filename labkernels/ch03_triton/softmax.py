@@ -136,7 +136,8 @@ def _softmax_persistent_kernel(
     NUM_STAGES: tl.constexpr,  # loads of the next rows in flight while this one is reduced (GPU only)
 ):
     """A few programs per SM, each looping over row blocks grid-stride (Triton's fused-softmax tutorial).
-    The loop costs registers: the compiler keeps more of each row alive across iterations."""
+    The loop costs registers: compiled for the H200, the same body uses more per thread inside it than in
+    `_softmax_kernel` (a compiled kernel's `n_regs` shows it), so fewer programs fit on an SM."""
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
     n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
     for step in tl.range(tl.program_id(axis=0), n_steps, tl.num_programs(axis=0), num_stages=NUM_STAGES):
