@@ -97,50 +97,36 @@ def _softmax_kernel(
     BLOCK_SIZE_M: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr,
     VEC: tl.constexpr,  # elements per 16-byte vector that every row length and row start is a multiple of
+    PERSISTENT: tl.constexpr,  # loop over row blocks grid-stride, or one block per program
+    NUM_STAGES: tl.constexpr,  # persistent: loads of the next rows in flight while this one is reduced
 ):
-    """One block of rows per program."""
     # Multiplying by the constexpr VEC lets the compiler prove what the launcher checked: rows start on a
     # 16-byte boundary and the mask is the same for all VEC lanes of a vector. It then emits 128-bit loads
     # and stores. Passed as plain ints, a row length such as 5000 (not a multiple of 16) would give
     # element-by-element 4-byte accesses, several times as many memory instructions for the same bytes.
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
-    step = tl.program_id(axis=0)
-    _softmax_block(
-        out_ptr,
-        x_ptr,
-        step,
-        n_rows,
-        n_cols,
-        stride_xm,
-        stride_xn,
-        stride_om,
-        stride_on,
-        BLOCK_SIZE_M,
-        BLOCK_SIZE_N,
-    )
-
-
-@triton.jit
-def _softmax_persistent_kernel(
-    out_ptr,
-    x_ptr,
-    n_rows,
-    n_col_vecs,
-    x_row_vecs,
-    stride_xn,
-    out_row_vecs,
-    stride_on,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    VEC: tl.constexpr,
-    NUM_STAGES: tl.constexpr,  # loads of the next rows in flight while this one is reduced (GPU only)
-):
-    """A few programs per SM, each looping over row blocks grid-stride (Triton's fused-softmax tutorial).
-    The loop costs registers: compiled for the H200, the same body uses more per thread inside it than in
-    `_softmax_kernel` (a compiled kernel's `n_regs` shows it), so fewer programs fit on an SM."""
-    n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
-    n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
-    for step in tl.range(tl.program_id(axis=0), n_steps, tl.num_programs(axis=0), num_stages=NUM_STAGES):
+    if PERSISTENT:
+        # A few programs per SM, each looping over row blocks (Triton's fused-softmax tutorial). The loop
+        # costs registers: compiled for the H200 the same body uses more per thread inside it (a compiled
+        # kernel's `n_regs` shows it), so fewer programs fit on an SM. A constexpr branch: the other kernel
+        # compiled from this source has no loop at all.
+        n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
+        for step in tl.range(tl.program_id(axis=0), n_steps, tl.num_programs(axis=0), num_stages=NUM_STAGES):
+            _softmax_block(
+                out_ptr,
+                x_ptr,
+                step,
+                n_rows,
+                n_cols,
+                stride_xm,
+                stride_xn,
+                stride_om,
+                stride_on,
+                BLOCK_SIZE_M,
+                BLOCK_SIZE_N,
+            )
+    else:
+        step = tl.program_id(axis=0)
         _softmax_block(
             out_ptr,
             x_ptr,
@@ -179,17 +165,25 @@ def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
 
 
 def _launch_arguments(
-    x: torch.Tensor, out: torch.Tensor, block_m: int, vec: int, num_warps: int, num_stages: int | None
+    x: torch.Tensor,
+    out: torch.Tensor,
+    block_m: int,
+    vec: int,
+    num_warps: int,
+    persistent: bool,
+    num_stages: int,
 ) -> tuple[tuple, dict]:
-    """The kernel's arguments for x and out: lengths and row strides in whole VEC-element vectors;
-    num_stages only for the persistent kernel (None for the one-block-per-program kernel)."""
+    """The kernel's arguments for x and out: lengths and row strides in whole VEC-element vectors."""
     n_rows, n_cols = x.shape
     strides = (x.stride(0) // vec, x.stride(1), out.stride(0) // vec, out.stride(1))
     args = (out, x, n_rows, n_cols // vec, *strides)
     meta = {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": triton.next_power_of_2(n_cols), "VEC": vec}
-    meta["num_warps"] = num_warps
-    if num_stages is not None:
-        meta |= {"NUM_STAGES": num_stages, "num_stages": num_stages}
+    meta |= {
+        "PERSISTENT": persistent,
+        "NUM_STAGES": num_stages,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
     return args, meta
 
 
@@ -205,8 +199,8 @@ def _programs_per_sm(
         device = triton.runtime.driver.active.get_current_device()
         limits = triton.runtime.driver.active.utils.get_device_properties(device)
         x = torch.empty((2, block_n), device="cuda", dtype=dtype)
-        args, meta = _launch_arguments(x, x, block_m, vec, num_warps, num_stages)
-        compiled = _softmax_persistent_kernel.warmup(*args, **meta, grid=(1,))
+        args, meta = _launch_arguments(x, x, block_m, vec, num_warps, True, num_stages)
+        compiled = _softmax_kernel.warmup(*args, **meta, grid=(1,))
         compiled._init_handles()
         by_regs = limits["max_num_regs"] // max(1, compiled.n_regs * 32 * num_warps)
         shared = compiled.metadata.shared
@@ -256,18 +250,14 @@ def softmax(
     block_m = rows_per_program or block_m
     num_warps = num_warps or auto_warps
     vec = vector_width(x, out) if vectorize else 1
-    n_steps = triton.cdiv(n_rows, block_m)
-    if not persistent:
-        args, meta = _launch_arguments(x, out, block_m, vec, num_warps, None)
-        _softmax_kernel[(n_steps,)](*args, **meta)
-        return out
-    num_stages = num_stages or 2
-    if LANE == "gpu":
+    n_programs = n_steps = triton.cdiv(n_rows, block_m)
+    num_stages = num_stages or (2 if persistent else 1)
+    if persistent and LANE == "gpu":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
         per_sm = _programs_per_sm(block_m, block_n, vec, num_warps, num_stages, x.dtype)
         n_programs = min(n_steps, n_sm * per_sm)
-    else:
+    elif persistent:
         n_programs = min(n_steps, 8)  # a few, so that each program loops
-    args, meta = _launch_arguments(x, out, block_m, vec, num_warps, num_stages)
-    _softmax_persistent_kernel[(n_programs,)](*args, **meta)
+    args, meta = _launch_arguments(x, out, block_m, vec, num_warps, persistent, num_stages)
+    _softmax_kernel[(n_programs,)](*args, **meta)
     return out
