@@ -164,6 +164,22 @@ def test_softmax_bad_inputs():
 
 
 @cpu_lane
+def test_softmax_registers_need_a_compiled_kernel():
+    with pytest.raises(RuntimeError, match="GPU lane"):
+        softmax_mod.registers(torch.randn(4, 100))
+
+
+@gpu
+@pytest.mark.gpu
+def test_softmax_registers_read_from_the_compiled_kernel():
+    x = torch.randn(4, 8192, device=DEVICE)
+    four, eight = softmax_mod.registers(x, num_warps=4), softmax_mod.registers(x, num_warps=8)
+    assert 0 < eight < four <= 255  # twice the threads for the same row: fewer elements, registers each
+    with pytest.raises(TypeError, match="dtype"):
+        softmax_mod.registers(x.int())
+
+
+@cpu_lane
 def test_softmax_bf16_refused_on_cpu_lane():
     with pytest.raises(TypeError, match="interpreter"):
         softmax(torch.randn(2, 3).bfloat16())
@@ -271,7 +287,8 @@ def test_gpu_large_shapes():
 def test_summarize_softmax_configs_reads_csv_flags_and_skips_failed_configs():
     def row(warps, persistent, vectorize, fraction):  # flags as strings, as a CSV gives them back
         config = {"num_warps": warps, "persistent": str(persistent), "vectorize": str(vectorize)}
-        return {"rows": 8, "cols": 100, "dtype": "float32", **config, "fraction_of_copy": fraction}
+        measured = {"fraction_of_copy": fraction, "registers": 200 // warps + persistent}
+        return {"rows": 8, "cols": 100, "dtype": "float32", **config, **measured}
 
     configs = Table(
         [
@@ -283,7 +300,7 @@ def test_summarize_softmax_configs_reads_csv_flags_and_skips_failed_configs():
         ]
     )
     (summary,) = bench.summarize_softmax_configs(configs).rows
-    assert (summary["one_block"], summary["its_warps"]) == (0.7, 8)
+    assert (summary["one_block"], summary["its_warps"], summary["its_registers"]) == (0.7, 8, 25)
     assert (summary["persistent"], summary["persistent_warps"]) == (0.6, 4)
     assert summary["no_16_byte_access"] == 0.3
 

@@ -15,7 +15,7 @@ from labkernels.ch03_triton import softmax as softmax_mod
 from labkernels.ch03_triton.add_relu import add_relu
 from labkernels.ch03_triton.matmul import _matmul_kernel, matmul
 from labkernels.ch03_triton.softmax import softmax
-from labkernels.lane import DEVICE
+from labkernels.lane import DEVICE, on_gpu
 from labkernels.results import Table
 from labkernels.roofline import measure_copy_bandwidth, tf32_matmuls
 from labkernels.sweep import sweep
@@ -125,7 +125,8 @@ def bench_softmax() -> list[dict]:
 
 def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
     """The fused softmax at fixed num_warps, one row block per program vs persistent programs, and (at the
-    default warps) without 16-byte vectors: what the default choice (`default` = True) leaves on the table."""
+    default warps) without 16-byte vectors: what the default choice (`default` = True) leaves on the table.
+    On the GPU each row also has the compiled kernel's registers per thread."""
     rows = []
     for n_rows, n_cols, dtype in shapes:
         x = _random(n_rows, n_cols, dtype=dtype)
@@ -143,14 +144,17 @@ def softmax_configs(shapes, num_warps: list[int], copy_gbps: float) -> Table:
                 rows.append({**row, "ms": float("nan"), "error": str(e)[:80]})
                 continue
             gbps = timing.gbps(nbytes, ms)
-            rows.append({**row, "ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps})
+            row |= {"ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps}
+            if on_gpu():  # what the compiler chose to hold, per thread (the interpreter compiles nothing)
+                row["registers"] = softmax_mod.registers(x, **options)
+            rows.append(row)
     return Table(rows)
 
 
 def summarize_softmax_configs(configs: Table) -> Table:
     """Per shape, from a `softmax_configs` table (or its CSV): the best fraction of copy bandwidth over
-    num_warps with one row block per program and with persistent programs, and the fraction without 16-byte
-    accesses."""
+    num_warps with one row block per program (and that kernel's registers per thread) and with persistent
+    programs, and the fraction without 16-byte accesses."""
 
     def flag(value) -> bool:  # True/False, or "True"/"False" when read back from a CSV
         return str(value) == "True"
@@ -171,6 +175,7 @@ def summarize_softmax_configs(configs: Table) -> Table:
                 "dtype": dtype,
                 "one_block": round(one_block["fraction_of_copy"], 2),
                 "its_warps": one_block["num_warps"],
+                "its_registers": one_block.get("registers", ""),  # per thread; absent from CPU-lane tables
                 "persistent": round(persistent["fraction_of_copy"], 2),
                 "persistent_warps": persistent["num_warps"],
                 "no_16_byte_access": round(best(group, False, False)["fraction_of_copy"], 2),

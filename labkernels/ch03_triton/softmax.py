@@ -12,20 +12,23 @@ The kernel teaches:
 - narrow rows are packed BLOCK_SIZE_M to a tile, so each program still moves a few KB;
 - 16-byte accesses for any row length whose rows start 16-byte aligned (VEC, below); `vectorize=False`
   shows what plain int arguments cost at a row length such as 5000;
-- registers are the bytes in flight: the row is held in its own dtype (half the registers of fp32 for
-  bf16/fp16) and exp is computed twice, for the sum and for the output, rather than one fp32 exp per element
-  kept alive across the sum; the output is exp2(log2 e * (x - max) - log2(sum)), so no division per element.
-  Fewer registers per program let more programs share an SM, which is what a bf16 row of a few thousand
-  elements needs to keep enough loads in flight.
+- what a program holds, and what it computes, is what limits it: the row stays in registers from its load
+  until the sum is known, so registers per thread decide how many programs share an SM (bytes in flight),
+  and every element costs an exp on the SM's few special-function units. The output is exp(x - max) * (1/sum):
+  each exp is computed once and kept, and one reciprocal per row replaces a division per element. The
+  compiler, not the source, decides what is held: it widens a bf16 row to fp32 where it takes the max, so
+  a bf16 row costs nearly as many registers as an fp32 one. `registers(x)` reads the count from the compiled
+  kernel (GPU lane), and `make bench` records it per configuration (ch03_softmax_configs).
 Programs either take one row block each (the default) or, `persistent=True`, loop over row blocks grid-stride
 as in Triton's fused-softmax tutorial, with about as many programs as the SMs hold at once. On the H200 the
 one-block-per-program schedule won at wide rows (`make bench` records the comparison: ch03_softmax_configs);
-the loop also costs registers. Two kernels, one body (`_softmax_block`).
+the loop also costs registers. One kernel: a constexpr PERSISTENT branch around one body (`_softmax_block`).
 Compute is fp32 whatever the storage dtype; the result is stored in the input's dtype.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -69,16 +72,12 @@ def _softmax_block(
     # Rows past the end re-read the last row (never stored): no -inf - -inf = NaN in dead lanes.
     safe_rows = tl.minimum(rows, n_rows - 1)
     x_ptrs = x_ptr + safe_rows[:, None] * stride_xm + cols[None, :] * stride_xn
-    # The row stays in registers in x's own dtype: for bf16/fp16 half the registers of an fp32 copy, so more
-    # programs fit on an SM and more loads are in flight.
     x = tl.load(x_ptrs, mask=col_mask[None, :], other=-float("inf"))  # read MN
     x_max = tl.max(x, axis=1).to(tl.float32)[:, None]  # exact in any dtype
-    log2_num = (x.to(tl.float32) - x_max) * 1.4426950408889634  # log2 of exp(x - max); padded lanes: -inf
-    total = tl.sum(tl.exp2(log2_num), axis=1)[:, None]
-    # exp(x - max) / total as one exp2 of a log-space difference: the exps summed above are not kept alive
-    # across the sum (one fp32 value per element) but computed again, which costs arithmetic a memory-bound
-    # kernel has to spare, and no division per element.
-    out = tl.exp2(log2_num - tl.log2(total))
+    # exp(x - max) as exp2: the hardware's exponential is base 2. Padded lanes: exp2(-inf) = 0.
+    num = tl.exp2((x.to(tl.float32) - x_max) * 1.4426950408889634)
+    # One reciprocal per row and a multiply per element, not a division per element.
+    out = num * (1.0 / tl.sum(num, axis=1))[:, None]
     out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
     mask = row_mask[:, None] & col_mask[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)  # write MN
@@ -164,45 +163,54 @@ def _tile(n_rows: int, n_cols: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def _launch_arguments(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    block_m: int,
-    vec: int,
-    num_warps: int,
-    persistent: bool,
-    num_stages: int,
-) -> tuple[tuple, dict]:
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """One launch configuration: rows and lanes per program, warps, vector width, schedule."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    vec: int
+    persistent: bool
+    num_stages: int
+
+
+def _launch_arguments(x: torch.Tensor, out: torch.Tensor, plan: _Plan) -> tuple[tuple, dict]:
     """The kernel's arguments for x and out: lengths and row strides in whole VEC-element vectors."""
     n_rows, n_cols = x.shape
+    vec = plan.vec
     strides = (x.stride(0) // vec, x.stride(1), out.stride(0) // vec, out.stride(1))
     args = (out, x, n_rows, n_cols // vec, *strides)
-    meta = {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": triton.next_power_of_2(n_cols), "VEC": vec}
+    meta = {"BLOCK_SIZE_M": plan.block_m, "BLOCK_SIZE_N": plan.block_n, "VEC": vec}
     meta |= {
-        "PERSISTENT": persistent,
-        "NUM_STAGES": num_stages,
-        "num_warps": num_warps,
-        "num_stages": num_stages,
+        "PERSISTENT": plan.persistent,
+        "NUM_STAGES": plan.num_stages,
+        "num_warps": plan.num_warps,
+        "num_stages": plan.num_stages,
     }
     return args, meta
 
 
+def _compiled(x: torch.Tensor, out: torch.Tensor, plan: _Plan):
+    """The kernel compiled for these arguments (GPU lane), without running it: n_regs, n_spills, shared."""
+    args, meta = _launch_arguments(x, out, plan)
+    compiled = _softmax_kernel.warmup(*args, **meta, grid=(1,))
+    compiled._init_handles()  # loads the binary: n_regs and n_spills are read from it
+    return compiled
+
+
 @functools.cache
-def _programs_per_sm(
-    block_m: int, block_n: int, vec: int, num_warps: int, num_stages: int, dtype: torch.dtype
-) -> int:
+def _programs_per_sm(plan: _Plan, dtype: torch.dtype) -> int:
     """How many programs one SM holds at once (registers, shared memory, threads): Triton's softmax tutorial
     compiles the kernel once and reads its register and shared-memory use."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    by_threads = max(1, props.max_threads_per_multi_processor // (32 * num_warps))
+    by_threads = max(1, props.max_threads_per_multi_processor // (32 * plan.num_warps))
     try:
         device = triton.runtime.driver.active.get_current_device()
         limits = triton.runtime.driver.active.utils.get_device_properties(device)
-        x = torch.empty((2, block_n), device="cuda", dtype=dtype)
-        args, meta = _launch_arguments(x, x, block_m, vec, num_warps, True, num_stages)
-        compiled = _softmax_kernel.warmup(*args, **meta, grid=(1,))
-        compiled._init_handles()
-        by_regs = limits["max_num_regs"] // max(1, compiled.n_regs * 32 * num_warps)
+        x = torch.empty((2, plan.block_n), device="cuda", dtype=dtype)
+        compiled = _compiled(x, x, plan)
+        by_regs = limits["max_num_regs"] // max(1, compiled.n_regs * 32 * plan.num_warps)
         shared = compiled.metadata.shared
         by_smem = limits["max_shared_mem"] // shared if shared else by_threads
         return max(1, min(by_threads, by_regs, by_smem))
@@ -210,22 +218,7 @@ def _programs_per_sm(
         return max(1, min(by_threads, 2))
 
 
-def softmax(
-    x: torch.Tensor,
-    *,
-    num_warps: int | None = None,
-    rows_per_program: int | None = None,
-    persistent: bool = False,
-    num_stages: int | None = None,
-    vectorize: bool = True,
-) -> torch.Tensor:
-    """Row softmax of a 2-D (rows, cols) tensor; any strides; result contiguous, in x's dtype.
-
-    num_warps and rows_per_program (a power of two) default to a choice from the row width; persistent=True
-    runs a few programs per SM that loop over the row blocks, with num_stages loads in flight (pass these to
-    experiment: `bench.softmax_configs` sweeps them); vectorize=False passes the row length and strides as
-    plain ints, so the compiler cannot prove 16-byte alignment.
-    """
+def _check(x: torch.Tensor, rows_per_program: int | None) -> None:
     require_device(x, "softmax: x")
     if x.dtype not in DTYPES:
         raise TypeError(f"softmax: x has dtype {x.dtype}; supported: float16, bfloat16, float32")
@@ -245,19 +238,76 @@ def softmax(
         )
     if rows_per_program is not None and (rows_per_program < 1 or rows_per_program & (rows_per_program - 1)):
         raise ValueError(f"softmax: rows_per_program must be a power of two, got {rows_per_program}")
-    out = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
-    block_m, block_n, auto_warps = _tile(n_rows, n_cols)
-    block_m = rows_per_program or block_m
-    num_warps = num_warps or auto_warps
-    vec = vector_width(x, out) if vectorize else 1
-    n_programs = n_steps = triton.cdiv(n_rows, block_m)
-    num_stages = num_stages or (2 if persistent else 1)
+
+
+def _plan_for(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    num_warps: int | None,
+    rows_per_program: int | None,
+    persistent: bool,
+    num_stages: int | None,
+    vectorize: bool,
+) -> _Plan:
+    """The launch configuration softmax() uses: the defaults from the shape, overridden by what was passed."""
+    block_m, block_n, auto_warps = _tile(*x.shape)
+    return _Plan(
+        block_m=rows_per_program or block_m,
+        block_n=block_n,
+        num_warps=num_warps or auto_warps,
+        vec=vector_width(x, out) if vectorize else 1,
+        persistent=persistent,
+        num_stages=num_stages or (2 if persistent else 1),
+    )
+
+
+def softmax(
+    x: torch.Tensor,
+    *,
+    num_warps: int | None = None,
+    rows_per_program: int | None = None,
+    persistent: bool = False,
+    num_stages: int | None = None,
+    vectorize: bool = True,
+) -> torch.Tensor:
+    """Row softmax of a 2-D (rows, cols) tensor; any strides; result contiguous, in x's dtype.
+
+    num_warps and rows_per_program (a power of two) default to a choice from the row width; persistent=True
+    runs a few programs per SM that loop over the row blocks, with num_stages loads in flight (pass these to
+    experiment: `bench.softmax_configs` sweeps them); vectorize=False passes the row length and strides as
+    plain ints, so the compiler cannot prove 16-byte alignment.
+    """
+    _check(x, rows_per_program)
+    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    plan = _plan_for(x, out, num_warps, rows_per_program, persistent, num_stages, vectorize)
+    n_programs = n_steps = triton.cdiv(x.shape[0], plan.block_m)
     if persistent and LANE == "gpu":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-        per_sm = _programs_per_sm(block_m, block_n, vec, num_warps, num_stages, x.dtype)
-        n_programs = min(n_steps, n_sm * per_sm)
+        n_programs = min(n_steps, n_sm * _programs_per_sm(plan, x.dtype))
     elif persistent:
         n_programs = min(n_steps, 8)  # a few, so that each program loops
-    args, meta = _launch_arguments(x, out, block_m, vec, num_warps, persistent, num_stages)
+    args, meta = _launch_arguments(x, out, plan)
     _softmax_kernel[(n_programs,)](*args, **meta)
     return out
+
+
+def registers(
+    x: torch.Tensor,
+    *,
+    num_warps: int | None = None,
+    rows_per_program: int | None = None,
+    persistent: bool = False,
+    num_stages: int | None = None,
+    vectorize: bool = True,
+) -> int:
+    """Registers per thread of the kernel that `softmax(x, same options)` launches, read from the compiled
+    binary: what the compiler decided to hold, which the source does not say. GPU lane only."""
+    if LANE != "gpu":
+        raise RuntimeError(
+            "softmax.registers needs the GPU lane: under the Triton interpreter no kernel is compiled, "
+            "so there is no register count to read"
+        )
+    _check(x, rows_per_program)
+    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    plan = _plan_for(x, out, num_warps, rows_per_program, persistent, num_stages, vectorize)
+    return int(_compiled(x, out, plan).n_regs)
