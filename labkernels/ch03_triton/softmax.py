@@ -202,7 +202,7 @@ def _plan(
 
 @functools.cache
 def _meta(plan: _Plan) -> dict:
-    """The kernel's constexprs and launch options for a plan."""
+    """The kernel's constexprs and launch options: one dict per plan, shared, only ever unpacked."""
     meta = {"BLOCK_SIZE_M": plan.block_m, "BLOCK_SIZE_N": plan.block_n, "VEC": plan.vec}
     meta |= {"PERSISTENT": plan.persistent, "NUM_STAGES": plan.num_stages}
     return meta | {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
