@@ -106,9 +106,9 @@ def _softmax_kernel(
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
     if PERSISTENT:
         # A few programs per SM, each looping over row blocks (Triton's fused-softmax tutorial). The loop
-        # costs registers: compiled for the H200 the same body uses more per thread inside it (a compiled
-        # kernel's `n_regs` shows it), so fewer programs fit on an SM. A constexpr branch: the other kernel
-        # compiled from this source has no loop at all.
+        # costs registers: compiled for the H200 the same body uses more per thread inside it
+        # (`registers(x, persistent=True)` shows it), so fewer programs fit on an SM. A constexpr branch: the
+        # other kernel compiled from this source has no loop at all.
         n_steps = tl.cdiv(n_rows, BLOCK_SIZE_M)
         for step in tl.range(tl.program_id(axis=0), n_steps, tl.num_programs(axis=0), num_stages=NUM_STAGES):
             _softmax_block(
@@ -265,6 +265,22 @@ def _check(x: torch.Tensor, rows_per_program: int | None) -> None:
         raise ValueError(f"softmax: rows_per_program must be a power of two, got {rows_per_program}")
 
 
+def _prepare(
+    x: torch.Tensor,
+    num_warps: int | None,
+    rows_per_program: int | None,
+    persistent: bool,
+    num_stages: int | None,
+    vectorize: bool,
+) -> tuple[torch.Tensor, _Plan]:
+    """Checks x, allocates the contiguous output and picks the launch plan: what softmax() launches and what
+    registers() compiles are the same kernel by construction."""
+    _check(x, rows_per_program)
+    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    vec = vector_width(x, out) if vectorize else 1
+    return out, _plan(*x.shape, vec, num_warps, rows_per_program, persistent, num_stages)
+
+
 def softmax(
     x: torch.Tensor,
     *,
@@ -281,10 +297,7 @@ def softmax(
     experiment: `bench.softmax_configs` sweeps them); vectorize=False passes the row length and strides as
     plain ints, so the compiler cannot prove 16-byte alignment.
     """
-    _check(x, rows_per_program)
-    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    vec = vector_width(x, out) if vectorize else 1
-    plan = _plan(*x.shape, vec, num_warps, rows_per_program, persistent, num_stages)
+    out, plan = _prepare(x, num_warps, rows_per_program, persistent, num_stages, vectorize)
     n_programs = n_steps = triton.cdiv(x.shape[0], plan.block_m)
     if persistent and LANE == "gpu":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -312,8 +325,5 @@ def registers(
             "softmax.registers needs the GPU lane: under the Triton interpreter no kernel is compiled, "
             "so there is no register count to read"
         )
-    _check(x, rows_per_program)
-    out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    vec = vector_width(x, out) if vectorize else 1
-    plan = _plan(*x.shape, vec, num_warps, rows_per_program, persistent, num_stages)
+    out, plan = _prepare(x, num_warps, rows_per_program, persistent, num_stages, vectorize)
     return int(_compiled(x, out, plan).n_regs)
