@@ -196,25 +196,27 @@ def _matmul_error(got, a, b, bias=None, activation=None):
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (97, 130, 75), (33, 65, 200), (70, 96, 128)])
 @pytest.mark.parametrize("precision", ["ieee", "tf32"])
 def test_matmul_fp32(m, n, k, precision):
-    a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)
-    got = matmul(a, b, input_precision=precision)
-    assert got.shape == (m, n) and got.dtype == torch.float32
-    tol = 1e-4 if precision == "ieee" else 2e-2  # tf32: 10-bit mantissa inputs, on the GPU only
-    torch.testing.assert_close(got.double(), matmul_mod.reference(a, b), atol=tol, rtol=tol)
+    for _ in ("autotuned launch", "kept winner's launch"):  # fresh inputs each time
+        a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)
+        got = matmul(a, b, input_precision=precision)
+        assert got.shape == (m, n) and got.dtype == torch.float32
+        tol = 1e-4 if precision == "ieee" else 2e-2  # tf32: 10-bit mantissa inputs, on the GPU only
+        torch.testing.assert_close(got.double(), matmul_mod.reference(a, b), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 def test_matmul_16bit_epilogue(dtype, activation):
     m, n, k = 70, 90, 100
-    a, b = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(k, n, device=DEVICE).to(dtype)
-    bias = torch.randn(n, device=DEVICE).to(dtype)
-    got = matmul(a, b, bias=bias, activation=activation)
-    assert got.dtype == dtype
-    # Compare with torch's own error against the fp64 reference instead of a magic tolerance.
-    torch_out = matmul_mod.reference(a, b, bias, activation).to(dtype)  # the best rounding possible
-    torch_err = _matmul_error(torch_out, a, b, bias, activation)
-    assert _matmul_error(got, a, b, bias, activation) <= 2 * torch_err + 1e-3
+    for _ in ("autotuned launch", "kept winner's launch"):  # fresh inputs each time
+        a, b = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(k, n, device=DEVICE).to(dtype)
+        bias = torch.randn(n, device=DEVICE).to(dtype)
+        got = matmul(a, b, bias=bias, activation=activation)
+        assert got.dtype == dtype
+        # Compare with torch's own error against the fp64 reference instead of a magic tolerance.
+        torch_out = matmul_mod.reference(a, b, bias, activation).to(dtype)  # the best rounding possible
+        torch_err = _matmul_error(torch_out, a, b, bias, activation)
+        assert _matmul_error(got, a, b, bias, activation) <= 2 * torch_err + 1e-3
 
 
 def test_matmul_strided_operands():
@@ -234,6 +236,20 @@ def test_matmul_autotune_caches_per_key():
     assert kernel.best_config in kernel.configs
     matmul(torch.randn(46, 23, device=DEVICE), b)
     assert len(kernel.cache) == before + 2  # a new key re-tunes
+
+
+def test_matmul_launches_the_kept_winner_without_the_autotuner(monkeypatch):
+    a, b = torch.randn(41, 19, device=DEVICE), torch.randn(19, 27, device=DEVICE)
+    matmul(a, b)  # tunes this key
+
+    def autotuner_called(*args, **kwargs):
+        raise AssertionError("the autotuner ran for a key that was already tuned")
+
+    monkeypatch.setattr(matmul_mod._matmul_kernel, "run", autotuner_called)
+    a, b = torch.randn(41, 19, device=DEVICE), torch.randn(19, 27, device=DEVICE)
+    torch.testing.assert_close(matmul(a, b).double(), matmul_mod.reference(a, b), atol=1e-4, rtol=1e-4)
+    with pytest.raises(AssertionError, match="autotuner ran"):
+        matmul(a, b, activation="relu")  # a new key goes through the autotuner
 
 
 def test_matmul_bad_inputs():

@@ -21,6 +21,8 @@ to a 10-bit mantissa, tensor cores: several times faster, ~1e-3 relative error).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -88,15 +90,8 @@ def _prune_by_shared_memory(configs, named_args, **kwargs):
     return fits or [min(configs, key=shared_bytes)]
 
 
-@triton.autotune(
-    configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
-    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION"],  # tensor dtypes are added by triton
-    prune_configs_by={"early_config_prune": _prune_by_shared_memory},
-    do_bench=autotune_bench,
-)
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_SIZE_K"] == 0})
 @triton.jit
-def _matmul_kernel(
+def _matmul_tiles(
     a_ptr,
     b_ptr,
     c_ptr,
@@ -164,16 +159,33 @@ def _matmul_kernel(
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))  # write MN
 
 
-def matmul(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    input_precision: str = "ieee",
-) -> torch.Tensor:
-    """activation(a @ b + bias) for a (M, K) and b (K, N) of one dtype; any strides. Result: (M, N) in a's
-    dtype, accumulated in fp32. `input_precision` ("ieee" or "tf32") applies to float32 inputs."""
+def _even_k(args: dict) -> bool:
+    return args["K"] % args["BLOCK_SIZE_K"] == 0
+
+
+# The autotuned kernel: the same tiles, with EVEN_K derived from the config and the config chosen per key by
+# timing every config on the first call.
+_matmul_kernel = triton.autotune(
+    configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
+    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION"],  # tensor dtypes are added by triton
+    prune_configs_by={"early_config_prune": _prune_by_shared_memory},
+    do_bench=autotune_bench,
+)(triton.heuristics({"EVEN_K": _even_k})(_matmul_tiles))
+
+
+# Per call, the autotuner rebuilds its key and three dicts of arguments before it launches: host time that a
+# 1024^3 matmul, a few microseconds on an H200, cannot hide. So matmul() lets the autotuner choose once per
+# key, keeps the winner here with its grid, and from then on launches `_matmul_tiles` directly.
+class _Tuned(NamedTuple):
+    config: triton.Config
+    grid: tuple[int]
+    meta: dict  # constexprs and launch options: the config's, the call's options, EVEN_K
+
+
+_tuned_launches: dict[tuple, _Tuned] = {}
+
+
+def _check(a, b, bias, activation, input_precision) -> None:
     require_device(a, "matmul: a")
     require_device(b, "matmul: b")
     for name, t in (("a", a), ("b", b)):
@@ -185,10 +197,9 @@ def matmul(
         raise TypeError(f"matmul: a and b must share one dtype, got {a.dtype} and {b.dtype}")
     if a.dtype == torch.bfloat16 and not on_gpu():
         raise TypeError(f"matmul: {BF16_ON_CPU}")
-    (M, K), (K2, N) = a.shape, b.shape
-    if K != K2:
+    if a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul: inner dimensions differ, a is {tuple(a.shape)} and b is {tuple(b.shape)}")
-    if M == 0 or N == 0 or K == 0:
+    if a.numel() == 0 or b.numel() == 0:
         raise ValueError(f"matmul: empty operand, a is {tuple(a.shape)} and b is {tuple(b.shape)}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"matmul: activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -196,30 +207,66 @@ def matmul(
         raise ValueError(f"matmul: input_precision must be 'ieee' or 'tf32', got {input_precision!r}")
     if bias is not None:
         require_device(bias, "matmul: bias")
-        if bias.shape != (N,):
-            raise ValueError(f"matmul: bias must have shape ({N},), got {tuple(bias.shape)}")
+        if bias.shape != (b.shape[1],):
+            raise ValueError(f"matmul: bias must have shape ({b.shape[1]},), got {tuple(bias.shape)}")
         if bias.dtype not in DTYPES or (bias.dtype == torch.bfloat16 and not on_gpu()):
             raise TypeError(f"matmul: bias has unsupported dtype {bias.dtype}")
+
+
+def _prepare(a, b, bias, activation, input_precision) -> tuple[torch.Tensor, tuple, dict, tuple]:
+    """Checks the operands, allocates C and lays out the kernel's arguments: (c, args, options, key)."""
+    _check(a, b, bias, activation, input_precision)
+    (M, K), N = a.shape, b.shape[1]
     bias = bias.contiguous() if bias is not None else None  # N elements: a negligible copy if strided
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
+    args = (a, b, c, c if bias is None else bias, M, N, K, *a.stride(), *b.stride(), *c.stride())
+    options = {"HAS_BIAS": bias is not None, "ACTIVATION": activation, "INPUT_PRECISION": precision}
+    key = (M, N, K, a.dtype, args[3].dtype, *options.values())  # what the autotuner keys on, dtypes included
+    return c, args, options, key
+
+
+def _tune(key: tuple, args: tuple, options: dict) -> None:
+    """Run the autotuner for this key: it times every config, keeps the fastest and launches it once."""
+    M, N, K = args[4:7]
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"]),)
-    _matmul_kernel[grid](
-        a,
-        b,
-        c,
-        bias if bias is not None else c,
-        M,
-        N,
-        K,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        c.stride(0),
-        c.stride(1),
-        HAS_BIAS=bias is not None,
-        ACTIVATION=activation,
-        INPUT_PRECISION=precision,
-    )
+    _matmul_kernel[grid](*args, **options)
+    config = _matmul_kernel.best_config
+    meta = config.all_kwargs() | options
+    meta["EVEN_K"] = _even_k({"K": K, **meta})
+    _tuned_launches[key] = _Tuned(config, grid(meta), meta)
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    input_precision: str = "ieee",
+) -> torch.Tensor:
+    """activation(a @ b + bias) for a (M, K) and b (K, N) of one dtype; any strides. Result: (M, N) in a's
+    dtype, accumulated in fp32. `input_precision` ("ieee" or "tf32") applies to float32 inputs. The first
+    call for a shape and dtype autotunes (`tuned_config` shows the winner)."""
+    c, args, options, key = _prepare(a, b, bias, activation, input_precision)
+    tuned = _tuned_launches.get(key)
+    if tuned is None:
+        _tune(key, args, options)  # the autotuner's own launch of the winner computes c
+    else:
+        _matmul_tiles[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
     return c
+
+
+def tuned_config(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    input_precision: str = "ieee",
+) -> triton.Config:
+    """The config that `matmul(same arguments)` launches; autotunes first if this key has not been seen."""
+    _, args, options, key = _prepare(a, b, bias, activation, input_precision)
+    if key not in _tuned_launches:
+        _tune(key, args, options)
+    return _tuned_launches[key].config
