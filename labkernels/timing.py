@@ -59,6 +59,30 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> fl
     return cpu_bench(fn, warmup=min(warmup, 2), rep=max(3, min(rep, 10)))
 
 
+def host_us(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 100) -> float:
+    """Host time per call of `fn()` in microseconds: `calls` back-to-back calls, with no wait for the GPU in
+    between, divided by `calls`. This is the Python and launch cost, as long as each call's GPU work is
+    shorter than it (use small inputs); otherwise the launch queue fills up and this times the GPU instead."""
+    if calls < 1 or warmup < 0:
+        raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
+    for _ in range(warmup):
+        fn()
+    _synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    _synchronize()
+    return elapsed / calls * 1e6
+
+
+def _synchronize() -> None:
+    if LANE == "gpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def gbps(nbytes: float, ms: float) -> float:
     """Achieved bandwidth in GB/s (1e9 bytes per second) for `nbytes` moved in `ms` milliseconds."""
     if ms <= 0:

@@ -12,7 +12,7 @@ from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch03_triton import softmax as softmax_mod
 from labkernels.ch03_triton import vector_add as vector_add_mod
 from labkernels.ch03_triton.add_relu import add_relu
-from labkernels.ch03_triton.matmul import matmul
+from labkernels.ch03_triton.matmul import matmul, tuned_config
 from labkernels.ch03_triton.softmax import softmax
 from labkernels.ch03_triton.vector_add import vector_add
 from labkernels.results import Table
@@ -217,6 +217,44 @@ def test_matmul_16bit_epilogue(dtype, activation):
         torch_out = matmul_mod.reference(a, b, bias, activation).to(dtype)  # the best rounding possible
         torch_err = _matmul_error(torch_out, a, b, bias, activation)
         assert _matmul_error(got, a, b, bias, activation) <= 2 * torch_err + 1e-3
+
+
+# TMA needs rows 16 bytes apart: N and K multiples of 8 in 16-bit; M is free. 200 is no multiple of 32 or 64.
+@pytest.mark.parametrize("m, n, k", [(1, 8, 8), (97, 136, 200), (130, 72, 40)])
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])])
+def test_matmul_tma_persistent(m, n, k, dtype):
+    for activation in (None, "gelu"):  # the first call of each key tunes, the second launches the winner
+        a, b = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(k, n, device=DEVICE).to(dtype)
+        bias = torch.randn(n, device=DEVICE).to(dtype)
+        got = matmul(a, b, bias=bias, activation=activation, kernel="tma_persistent")
+        assert got.shape == (m, n) and got.dtype == dtype
+        torch_out = matmul_mod.reference(a, b, bias, activation).to(dtype)
+        assert (
+            _matmul_error(got, a, b, bias, activation)
+            <= 2 * _matmul_error(torch_out, a, b, bias, activation) + 1e-3
+        )
+
+
+def test_matmul_tma_refuses_operands_it_cannot_describe():
+    a, b = torch.randn(16, 100, device=DEVICE).half(), torch.randn(100, 24, device=DEVICE).half()
+    with pytest.raises(ValueError, match="200 bytes apart, not a multiple of 16"):
+        matmul(a, b, kernel="tma_persistent")  # a's rows: 100 fp16 elements
+    with pytest.raises(ValueError, match="rows are not contiguous"):
+        matmul(a[:, :96].contiguous(), torch.randn(24, 96, device=DEVICE).half().t(), kernel="tma_persistent")
+    with pytest.raises(ValueError, match="float16 and bfloat16"):
+        matmul(a.float(), b.float(), kernel="tma_persistent")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        matmul(a, b, kernel="fast")
+    torch.testing.assert_close(
+        matmul(a, b).double(), matmul_mod.reference(a, b), atol=5e-2, rtol=1e-2
+    )  # auto
+
+
+def test_matmul_auto_takes_tma_on_hopper_only():
+    a, b = torch.randn(64, 32, device=DEVICE).half(), torch.randn(32, 48, device=DEVICE).half()
+    hopper = DEVICE.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
+    assert tuned_config(a, b)[0] == ("tma_persistent" if hopper else "tiled")
+    assert tuned_config(a, b[:, :40])[0] == "tiled"  # b's rows 96 bytes apart, C's 80: no descriptor for C
 
 
 def test_matmul_strided_operands():

@@ -6,6 +6,7 @@ The measuring functions are plain (they return a `Table`), so the notebook's wid
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 import torch
@@ -200,13 +201,29 @@ def bench_softmax_configs() -> list[dict]:
 MATMUL_ROUNDS = 3
 
 
+def _config_label(config) -> str:
+    tile = " ".join(f"{k.removeprefix('BLOCK_SIZE_')}={v}" for k, v in config.kwargs.items())
+    return f"{tile} warps={config.num_warps} stages={config.num_stages}"
+
+
 def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ieee") -> list[dict]:
-    """Triton's autotuned matmul against cuBLAS (torch.matmul, with TF32 on or off to match `precision`)."""
+    """Triton's autotuned matmul against cuBLAS (torch.matmul, with TF32 on or off to match `precision`).
+    Row "triton" is what matmul() launches by default; where that is the TMA kernel, row "triton_tiled" times
+    the pointer-based tiled kernel too, so the two can be compared."""
     a, b = _random(m, k, dtype=dtype), _random(k, n, dtype=dtype)
     t = traffic.matmul(m, n, k, dtype)
     label = precision if dtype == torch.float32 else _dtype_name(dtype)
-    config = tuned_config(a, b, input_precision=precision)  # autotune outside the timed region
-    impls = {"triton": lambda: matmul(a, b, input_precision=precision), "cublas": lambda: a @ b}
+    kernels = {"triton": "auto", "triton_tiled": "tiled"}
+    chosen = {}  # impl -> (kernel, config), autotuned outside the timed region
+    for impl, kernel in kernels.items():
+        chosen[impl] = tuned_config(a, b, input_precision=precision, kernel=kernel)
+        if chosen[impl][0] == "tiled":
+            break  # "auto" already is the tiled kernel
+    impls = {
+        impl: functools.partial(matmul, a, b, input_precision=precision, kernel=kernels[impl])
+        for impl in chosen
+    }
+    impls["cublas"] = lambda: a @ b
     times = {impl: [] for impl in impls}
     with tf32_matmuls(precision == "tf32"):
         # Alternating rounds, median of each: the card's clock follows its power draw, which a long run of
@@ -214,26 +231,28 @@ def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ie
         for _ in range(MATMUL_ROUNDS):
             for impl, fn in impls.items():
                 times[impl].append(timing.time_ms(fn))
+    cublas_ms = statistics.median(times["cublas"])
     rows = []
     for impl, samples in times.items():
         ms = statistics.median(samples)
-        rows.append(
-            {
-                "m": m,
-                "n": n,
-                "k": k,
-                "dtype": _dtype_name(dtype),
-                "precision": label,
-                "impl": impl,
-                "ms": ms,
-                "tflops": timing.tflops(t.flops, ms),
-                "intensity": t.intensity,
+        row = {
+            "m": m,
+            "n": n,
+            "k": k,
+            "dtype": _dtype_name(dtype),
+            "precision": label,
+            "impl": impl,
+            "ms": ms,
+        }
+        row |= {"tflops": timing.tflops(t.flops, ms), "intensity": t.intensity}
+        if impl in chosen:
+            kernel, config = chosen[impl]
+            row |= {
+                "ratio_vs_cublas": cublas_ms / ms,
+                "kernel": kernel,
+                "config": _config_label(config),
             }
-        )
-    rows[0]["ratio_vs_cublas"] = rows[1]["ms"] / rows[0]["ms"]
-    rows[0]["config"] = " ".join(f"{k.removeprefix('BLOCK_SIZE_')}={v}" for k, v in config.kwargs.items()) + (
-        f" warps={config.num_warps} stages={config.num_stages}"
-    )
+        rows.append(row)
     return rows
 
 
@@ -257,3 +276,26 @@ def bench_matmul() -> list[dict]:
     for precision in ("tf32", "ieee"):
         rows += matmul_rows(4096, 4096, 4096, torch.float32, precision)
     return rows
+
+
+# --- launch cost -------------------------------------------------------------------------------------------
+
+
+def launch_rows() -> list[dict]:
+    """Host time per call (`timing.host_us`) on inputs so small that the GPU is never the slower side: what a
+    call costs before any kernel work, ours against torch's."""
+    x = _random(64, 256)
+    a, b = _random(64, 64, dtype=torch.float16), _random(64, 64, dtype=torch.float16)
+    ops = {
+        "labkernels softmax": lambda: softmax(x),
+        "torch.softmax": lambda: torch.softmax(x, dim=-1),
+        "labkernels matmul, tiled": lambda: matmul(a, b, kernel="tiled"),
+        "labkernels matmul, tma_persistent": lambda: matmul(a, b, kernel="tma_persistent"),
+        "torch.matmul (cuBLAS)": lambda: a @ b,
+    }
+    return [{"op": op, "host_us": timing.host_us(fn)} for op, fn in ops.items()]
+
+
+@benchmark("ch03_launch")
+def bench_launch() -> list[dict]:
+    return launch_rows()

@@ -17,15 +17,26 @@ The epilogue (bias add, ReLU or GELU) is applied to the fp32 accumulator before 
 linear layer's activation costs no extra HBM traffic (chapter 05 measures it).
 fp32 inputs take `input_precision`: "ieee" (exact fp32 products, no tensor cores) or "tf32" (inputs rounded
 to a 10-bit mantissa, tensor cores: several times faster, ~1e-3 relative error).
+
+Two kernels compute the same tiles (`matmul(kernel=...)` picks one):
+- "tiled": the kernel above, pointer arithmetic and masks; any strides, every dtype, both lanes.
+- "tma_persistent" (Hopper and later, 16-bit operands whose rows are contiguous and 16-byte aligned): tiles
+  move through the TMA copy engine, which takes a tensor descriptor (base, shape, strides, box) instead of a
+  pointer per element, fills zeros past the edges and clips the store; and one program per SM loops over the
+  tiles, so no program waits on a launch and the next tile's loads overlap this tile's epilogue.
+  "auto" (the default) picks it on such a GPU whenever the operands allow. The Triton interpreter emulates
+  the descriptors, so the CPU lane runs it too when asked by name.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU
 from labkernels.lane import LANE, on_gpu, require_device
@@ -33,12 +44,13 @@ from labkernels.timing import autotune_bench
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "relu", "gelu")
+KERNELS = ("auto", "tiled", "tma_persistent")
 SHARED_MEMORY_BYTES = 227 * 1024  # an H100/H200 program's shared-memory limit: larger configs are pruned
 
 
-def _config(m: int, n: int, k: int, stages: int, warps: int, group: int = 8) -> triton.Config:
+def _config(m: int, n: int, k: int, stages: int, warps: int, group: int = 8, **options) -> triton.Config:
     meta = {"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": group}
-    return triton.Config(meta, num_stages=stages, num_warps=warps)
+    return triton.Config(meta, num_stages=stages, num_warps=warps, **options)
 
 
 # Hopper configs, after Triton's matmul tutorial and an H200 sweep at 4096^3: big tiles for big squares
@@ -78,16 +90,46 @@ def reference(
 
 
 def _prune_by_shared_memory(configs, named_args, **kwargs):
-    """Drop configs whose pipelined tiles (stages x (BM*BK + BK*BN) elements) exceed shared memory."""
-    a = named_args.get("a_ptr", kwargs.get("a_ptr"))
-    es = a.element_size() if a is not None else 4
+    """Drop configs whose pipelined tiles (stages x (BM*BK + BK*BN) elements, plus the BM*BN tile of C that a
+    TMA store stages) exceed shared memory."""
+    a = named_args.get("a_ptr", named_args.get("a_desc"))
+    element_size = a.element_size() if isinstance(a, torch.Tensor) else a.base.element_size()
+    c_staged = "c_desc" in named_args
 
     def shared_bytes(c):
         m, n, k = c.kwargs["BLOCK_SIZE_M"], c.kwargs["BLOCK_SIZE_N"], c.kwargs["BLOCK_SIZE_K"]
-        return c.num_stages * (m * k + k * n) * es
+        return (c.num_stages * (m * k + k * n) + c_staged * m * n) * element_size
 
     fits = [c for c in configs if shared_bytes(c) <= SHARED_MEMORY_BYTES]
     return fits or [min(configs, key=shared_bytes)]
+
+
+@triton.jit
+def _tile_coordinates(
+    tile_id, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr
+):
+    """Grouped ordering: tile ids run down GROUP_SIZE_M rows of tiles before moving one column right."""
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)  # the last group may be short
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """Bias and activation on the fp32 accumulator, before the one store of C."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]  # read N
+    if ACTIVATION == "relu":
+        acc = tl.maximum(acc, 0.0)
+    elif ACTIVATION == "gelu":
+        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))  # exact (erf) GELU, as torch's default
+    return acc
 
 
 @triton.jit
@@ -114,16 +156,7 @@ def _matmul_tiles(
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_SIZE_K: no step is ragged, the loads need no mask
 ):
-    # Grouped ordering: program ids run down GROUP_SIZE_M rows of tiles before moving one column right.
-    pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_SIZE_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)  # the last group may be short
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
 
     offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M  # wrapped: always valid rows
     offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
@@ -144,27 +177,63 @@ def _matmul_tiles(
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
 
-    # Epilogue on the fp32 accumulator, before the one store of C.
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_bn).to(tl.float32)[None, :]
-    if ACTIVATION == "relu":
-        acc = tl.maximum(acc, 0.0)
-    elif ACTIVATION == "gelu":
-        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))  # exact (erf) GELU, as torch's default
-    c = acc.to(c_ptr.dtype.element_ty)
-
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    c = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, ACTIVATION).to(c_ptr.dtype.element_ty)
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))  # write MN
+
+
+@triton.jit
+def _matmul_tma_persistent(
+    a_desc,
+    b_desc,
+    c_desc,
+    bias_ptr,
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,  # one per SM
+):
+    num_tiles = tl.cdiv(M, BLOCK_SIZE_M) * tl.cdiv(N, BLOCK_SIZE_N)
+    # flatten=True lets the compiler pipeline across tiles: the next tile's first loads start during this
+    # tile's epilogue and store.
+    for tile_id in tl.range(tl.program_id(axis=0), num_tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_coordinates(tile_id, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+            # One TMA copy per tile; past M, N or K the copy engine fills zeros, so no masks.
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])  # read BM x BK
+            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])  # read BK x BN
+            acc = tl.dot(a, b, acc)
+        offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        c = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, ACTIVATION).to(c_desc.dtype)
+        c_desc.store([pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N], c)  # write BM x BN, clipped at the edges
 
 
 def _even_k(args: dict) -> bool:
     return args["K"] % args["BLOCK_SIZE_K"] == 0
 
 
-# The autotuned kernel: the same tiles, with EVEN_K derived from the config and the config chosen per key by
-# timing every config on the first call.
+def _tma_blocks(meta: dict) -> tuple[list[int], list[int], list[int]]:
+    """The boxes the TMA copies for A, B and C under one config."""
+    m, n, k = meta["BLOCK_SIZE_M"], meta["BLOCK_SIZE_N"], meta["BLOCK_SIZE_K"]
+    return [m, k], [k, n], [m, n]
+
+
+def _set_tma_blocks(nargs: dict) -> None:
+    """The autotuner's pre-hook: each config copies different boxes, so its descriptors change with it."""
+    for name, block in zip(("a_desc", "b_desc", "c_desc"), _tma_blocks(nargs), strict=True):
+        nargs[name].block_shape = block
+
+
+# The autotuned kernels: each config timed on the first call of a key, the fastest kept per key.
 _matmul_kernel = triton.autotune(
     configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION"],  # tensor dtypes are added by triton
@@ -172,10 +241,31 @@ _matmul_kernel = triton.autotune(
     do_bench=autotune_bench,
 )(triton.heuristics({"EVEN_K": _even_k})(_matmul_tiles))
 
+# The same tile shapes; a C tile is staged in shared memory for its TMA store, so 128x256x64 fits 3 stages.
+TMA_CONFIGS = [
+    _config(*shape, stages=stages, warps=warps, pre_hook=_set_tma_blocks)
+    for shape, stages, warps in [
+        ((128, 256, 64), 3, 8),
+        ((256, 128, 64), 3, 8),
+        ((128, 128, 64), 4, 8),
+        ((128, 128, 64), 4, 4),
+        ((128, 64, 64), 4, 4),
+        ((64, 128, 64), 4, 4),
+    ]
+]
+CPU_TMA_CONFIGS = [_config(32, 32, 32, stages=1, warps=4, group=4, pre_hook=_set_tma_blocks)]
+_matmul_tma_kernel = triton.autotune(
+    configs=TMA_CONFIGS if LANE == "gpu" else CPU_TMA_CONFIGS,
+    # Descriptors show the autotuner no dtype; bias_ptr (C when there is no bias) carries the output's.
+    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION"],
+    prune_configs_by={"early_config_prune": _prune_by_shared_memory},
+    do_bench=autotune_bench,
+)(_matmul_tma_persistent)
+
 
 # Per call, the autotuner rebuilds its key and three dicts of arguments before it launches: host time that a
 # 1024^3 matmul, a few microseconds on an H200, cannot hide. So matmul() lets the autotuner choose once per
-# key, keeps the winner here with its grid, and from then on launches `_matmul_tiles` directly.
+# key, keeps the winner here with its grid, and from then on launches the plain jitted kernel directly.
 class _Tuned(NamedTuple):
     config: triton.Config
     grid: tuple[int]
@@ -185,7 +275,7 @@ class _Tuned(NamedTuple):
 _tuned_launches: dict[tuple, _Tuned] = {}
 
 
-def _check(a, b, bias, activation, input_precision) -> None:
+def _check(a, b, bias, activation, input_precision, kernel) -> None:
     require_device(a, "matmul: a")
     require_device(b, "matmul: b")
     for name, t in (("a", a), ("b", b)):
@@ -205,6 +295,8 @@ def _check(a, b, bias, activation, input_precision) -> None:
         raise ValueError(f"matmul: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if input_precision not in ("ieee", "tf32"):
         raise ValueError(f"matmul: input_precision must be 'ieee' or 'tf32', got {input_precision!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"matmul: kernel must be one of {KERNELS}, got {kernel!r}")
     if bias is not None:
         require_device(bias, "matmul: bias")
         if bias.shape != (b.shape[1],):
@@ -213,28 +305,96 @@ def _check(a, b, bias, activation, input_precision) -> None:
             raise TypeError(f"matmul: bias has unsupported dtype {bias.dtype}")
 
 
-def _prepare(a, b, bias, activation, input_precision) -> tuple[torch.Tensor, tuple, dict, tuple]:
-    """Checks the operands, allocates C and lays out the kernel's arguments: (c, args, options, key)."""
-    _check(a, b, bias, activation, input_precision)
-    (M, K), N = a.shape, b.shape[1]
-    bias = bias.contiguous() if bias is not None else None  # N elements: a negligible copy if strided
-    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-    precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
+@functools.cache
+def _has_tma() -> bool:
+    """A GPU with the TMA copy engine (compute capability 9.0, Hopper, or later)."""
+    return on_gpu() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """None if the TMA kernel can take a and b (and a contiguous C), else the reason it cannot."""
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return f"it takes float16 and bfloat16 operands, got {a.dtype}"
+    for name, t in (("a", a), ("b", b)):
+        if t.stride(1) != 1:
+            return f"{name}'s rows are not contiguous (strides {t.stride()})"
+        if t.data_ptr() % 16:
+            return f"{name} does not start on a 16-byte boundary"
+    # A descriptor steps from row to row in multiples of 16 bytes.
+    row_elements = {"a": a.stride(0), "b": b.stride(0), "C": b.shape[1]}
+    for name, elements in row_elements.items():
+        if elements * a.element_size() % 16:
+            return f"{name}'s rows start {elements * a.element_size()} bytes apart, not a multiple of 16"
+    return None
+
+
+def _pick_kernel(kernel: str, a: torch.Tensor, b: torch.Tensor) -> str:
+    """The kernel that runs: "auto" takes TMA on Hopper when the operands allow. The interpreter emulates
+    the TMA copies, so kernel="tma_persistent" also runs on the CPU lane (correct, not fast)."""
+    if kernel == "tiled":
+        return kernel
+    why_not = _why_not_tma(a, b)
+    if kernel == "tma_persistent" and why_not is None and on_gpu() and not _has_tma():
+        why_not = f"this GPU ({torch.cuda.get_device_name()}) predates the TMA copy engine of Hopper"
+    if kernel == "tma_persistent" and why_not is not None:
+        raise ValueError(f"matmul: kernel='tma_persistent' cannot run here: {why_not}")
+    if kernel == "tma_persistent" or (why_not is None and _has_tma()):
+        return "tma_persistent"
+    return "tiled"
+
+
+def _launch_tiled(a, b, c, bias, options: dict, key: tuple) -> None:
+    M, K = a.shape
+    N = b.shape[1]
     args = (a, b, c, c if bias is None else bias, M, N, K, *a.stride(), *b.stride(), *c.stride())
-    options = {"HAS_BIAS": bias is not None, "ACTIVATION": activation, "INPUT_PRECISION": precision}
-    key = (M, N, K, a.dtype, args[3].dtype, *options.values())  # what the autotuner keys on, dtypes included
-    return c, args, options, key
-
-
-def _tune(key: tuple, args: tuple, options: dict) -> None:
-    """Run the autotuner for this key: it times every config, keeps the fastest and launches it once."""
-    M, N, K = args[4:7]
+    tuned = _tuned_launches.get(key)
+    if tuned is not None:
+        _matmul_tiles[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
+        return
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"]),)
-    _matmul_kernel[grid](*args, **options)
+    _matmul_kernel[grid](*args, **options)  # times every config the first time, then launches the best
     config = _matmul_kernel.best_config
     meta = config.all_kwargs() | options
     meta["EVEN_K"] = _even_k({"K": K, **meta})
     _tuned_launches[key] = _Tuned(config, grid(meta), meta)
+
+
+def _launch_tma(a, b, c, bias, options: dict, key: tuple) -> None:
+    M, K = a.shape
+    N = b.shape[1]
+    options = {k: v for k, v in options.items() if k != "INPUT_PRECISION"}  # 16-bit operands only
+    tuned = _tuned_launches.get(key)
+    # Descriptors hold the tensors' addresses, so they are built per call; the boxes come from the config.
+    blocks = _tma_blocks(tuned.meta) if tuned is not None else ([1, 1],) * 3  # the pre-hook sets them
+    descs = [TensorDescriptor.from_tensor(t, block) for t, block in zip((a, b, c), blocks, strict=True)]
+    args = (*descs, c if bias is None else bias, M, N, K)
+    if tuned is not None:
+        _matmul_tma_persistent[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
+        return
+    n_sm = torch.cuda.get_device_properties(a.device).multi_processor_count if on_gpu() else 4
+    tiles = lambda meta: triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
+    grid = lambda meta: (min(n_sm, tiles(meta)),)
+    _matmul_tma_kernel[grid](*args, **options, NUM_PROGRAMS=n_sm)
+    config = _matmul_tma_kernel.best_config
+    meta = config.all_kwargs() | options
+    meta["NUM_PROGRAMS"] = grid(meta)[0]
+    _tuned_launches[key] = _Tuned(config, grid(meta), meta)
+
+
+def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tensor, tuple]:
+    """C, and the key its launch is kept under."""
+    _check(a, b, bias, activation, input_precision, kernel)
+    kernel = _pick_kernel(kernel, a, b)
+    (M, K), N = a.shape, b.shape[1]
+    bias = bias.contiguous() if bias is not None else None  # N elements: a negligible copy if strided
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
+    options = {"HAS_BIAS": bias is not None, "ACTIVATION": activation, "INPUT_PRECISION": precision}
+    out_dtype = c.dtype if bias is None else bias.dtype
+    key = (kernel, M, N, K, a.dtype, out_dtype, *options.values())  # what the autotuners key on, and more
+    launch = _launch_tma if kernel == "tma_persistent" else _launch_tiled
+    launch(a, b, c, bias, options, key)
+    return c, key
 
 
 def matmul(
@@ -244,17 +404,15 @@ def matmul(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     input_precision: str = "ieee",
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """activation(a @ b + bias) for a (M, K) and b (K, N) of one dtype; any strides. Result: (M, N) in a's
-    dtype, accumulated in fp32. `input_precision` ("ieee" or "tf32") applies to float32 inputs. The first
-    call for a shape and dtype autotunes (`tuned_config` shows the winner)."""
-    c, args, options, key = _prepare(a, b, bias, activation, input_precision)
-    tuned = _tuned_launches.get(key)
-    if tuned is None:
-        _tune(key, args, options)  # the autotuner's own launch of the winner computes c
-    else:
-        _matmul_tiles[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
-    return c
+    dtype, accumulated in fp32. `input_precision` ("ieee" or "tf32") applies to float32 inputs.
+
+    kernel: "tiled", "tma_persistent" (16-bit operands with contiguous, 16-byte-aligned rows; emulated on the
+    CPU lane) or "auto": the TMA kernel on a Hopper or later GPU when the operands allow, else "tiled".
+    The first call for a shape and dtype autotunes (`tuned_config` shows the winner)."""
+    return _matmul(a, b, bias, activation, input_precision, kernel)[0]
 
 
 def tuned_config(
@@ -264,9 +422,9 @@ def tuned_config(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     input_precision: str = "ieee",
-) -> triton.Config:
-    """The config that `matmul(same arguments)` launches; autotunes first if this key has not been seen."""
-    _, args, options, key = _prepare(a, b, bias, activation, input_precision)
-    if key not in _tuned_launches:
-        _tune(key, args, options)
-    return _tuned_launches[key].config
+    kernel: str = "auto",
+) -> tuple[str, triton.Config]:
+    """(kernel, config) that `matmul(same arguments)` launches. Runs that matmul once: it autotunes first if
+    this key has not been seen."""
+    key = _matmul(a, b, bias, activation, input_precision, kernel)[1]
+    return key[0], _tuned_launches[key].config
