@@ -254,7 +254,16 @@ def test_matmul_auto_takes_tma_on_hopper_only():
     a, b = torch.randn(64, 32, device=DEVICE).half(), torch.randn(32, 48, device=DEVICE).half()
     hopper = DEVICE.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
     assert tuned_config(a, b)[0] == ("tma_persistent" if hopper else "tiled")
-    assert tuned_config(a, b[:, :40])[0] == "tiled"  # b's rows 96 bytes apart, C's 80: no descriptor for C
+    assert tuned_config(a, b[:, :36])[0] == "tiled"  # b's rows 96 bytes apart, C's 72: no descriptor for C
+
+
+def test_matmul_configs_pruned_by_shared_memory():
+    a = torch.empty(8, 8, dtype=torch.float16)  # 2 bytes per element
+    tiles = [matmul_mod._config(128, 256, 64, stages=s, warps=8) for s in (3, 4)]
+    kept = matmul_mod._prune_by_shared_memory(tiles, {"a_ptr": a})
+    assert kept == tiles  # A and B tiles: 3 x 48 KiB and 4 x 48 KiB both fit 227 KiB
+    kept = matmul_mod._prune_by_shared_memory(tiles, {"a_ptr": a}, c_staged=True)
+    assert kept == tiles[:1]  # + a 64 KiB tile of C: 208 KiB fits, 256 KiB does not
 
 
 def test_matmul_strided_operands():

@@ -101,6 +101,7 @@ def test_timing_measures_real_time_and_rejects_bad_arguments():
     with pytest.raises(ValueError, match="positive"):
         timing.gbps(10, 0)
     assert timing.gbps(2e9, 1000) == pytest.approx(2.0)
+    assert 9 <= timing.graph_ms(lambda: time.sleep(0.01), rep=3) <= 100  # the CPU lane: cpu_bench
     calls = []
     us = timing.host_us(lambda: (calls.append(1), time.sleep(0.002)), calls=4, warmup=1)
     assert len(calls) == 5 and 1900 <= us <= 50_000

@@ -209,7 +209,10 @@ def _config_label(config) -> str:
 def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ieee") -> list[dict]:
     """Triton's autotuned matmul against cuBLAS (torch.matmul, with TF32 on or off to match `precision`).
     Row "triton" is what matmul() launches by default; where that is the TMA kernel, row "triton_tiled" times
-    the pointer-based tiled kernel too, so the two can be compared."""
+    the pointer-based tiled kernel too, so the two can be compared.
+
+    Timed from CUDA-graph replays (`timing.graph_ms`): a 1024^3 matmul runs for less time than Python needs
+    to launch it, so eager timing would compare the libraries' host costs (`launch_rows` measures those)."""
     a, b = _random(m, k, dtype=dtype), _random(k, n, dtype=dtype)
     t = traffic.matmul(m, n, k, dtype)
     label = precision if dtype == torch.float32 else _dtype_name(dtype)
@@ -230,7 +233,7 @@ def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ie
         # big matmuls raises, so whichever ran first would otherwise get the cooler, faster card.
         for _ in range(MATMUL_ROUNDS):
             for impl, fn in impls.items():
-                times[impl].append(timing.time_ms(fn))
+                times[impl].append(timing.graph_ms(fn))
     cublas_ms = statistics.median(times["cublas"])
     rows = []
     for impl, samples in times.items():

@@ -21,9 +21,9 @@ to a 10-bit mantissa, tensor cores: several times faster, ~1e-3 relative error).
 Two kernels compute the same tiles (`matmul(kernel=...)` picks one):
 - "tiled": the kernel above, pointer arithmetic and masks; any strides, every dtype, both lanes.
 - "tma_persistent" (Hopper and later, 16-bit operands whose rows are contiguous and 16-byte aligned): tiles
-  move through the TMA copy engine, which takes a tensor descriptor (base, shape, strides, box) instead of a
-  pointer per element, fills zeros past the edges and clips the store; and one program per SM loops over the
-  tiles, so no program waits on a launch and the next tile's loads overlap this tile's epilogue.
+  move through the TMA copy engine, which takes a tensor descriptor (base, shape, strides, box; each program
+  writes its own on the device) instead of a pointer per element, fills zeros past the edges and clips the
+  store; and one program per SM loops over the tiles, so the next tile's loads overlap this tile's epilogue.
   "auto" (the default) picks it on such a GPU whenever the operands allow. The Triton interpreter emulates
   the descriptors, so the CPU lane runs it too when asked by name.
 """
@@ -36,10 +36,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU
-from labkernels.lane import LANE, on_gpu, require_device
+from labkernels.lane import DEVICE, LANE, on_gpu, require_device
 from labkernels.timing import autotune_bench
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -89,12 +88,10 @@ def reference(
     return c
 
 
-def _prune_by_shared_memory(configs, named_args, **kwargs):
+def _prune_by_shared_memory(configs, named_args, c_staged: bool = False, **kwargs):
     """Drop configs whose pipelined tiles (stages x (BM*BK + BK*BN) elements, plus the BM*BN tile of C that a
-    TMA store stages) exceed shared memory."""
-    a = named_args.get("a_ptr", named_args.get("a_desc"))
-    element_size = a.element_size() if isinstance(a, torch.Tensor) else a.base.element_size()
-    c_staged = "c_desc" in named_args
+    TMA store stages when `c_staged`) exceed shared memory."""
+    element_size = named_args["a_ptr"].element_size()
 
     def shared_bytes(c):
         m, n, k = c.kwargs["BLOCK_SIZE_M"], c.kwargs["BLOCK_SIZE_N"], c.kwargs["BLOCK_SIZE_K"]
@@ -186,13 +183,16 @@ def _matmul_tiles(
 
 @triton.jit
 def _matmul_tma_persistent(
-    a_desc,
-    b_desc,
-    c_desc,
+    a_ptr,
+    b_ptr,
+    c_ptr,
     bias_ptr,
     M,
     N,
     K,
+    stride_am,  # rows are contiguous: only the row strides vary
+    stride_bk,
+    stride_cm,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr,
@@ -201,6 +201,11 @@ def _matmul_tma_persistent(
     GROUP_SIZE_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,  # one per SM
 ):
+    # Each descriptor is written once per program, on the device (into scratch from `_descriptor_scratch`),
+    # which keeps the host's side of a launch as light as the tiled kernel's.
+    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_SIZE_M, BLOCK_SIZE_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_SIZE_K, BLOCK_SIZE_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_SIZE_M, BLOCK_SIZE_N])
     num_tiles = tl.cdiv(M, BLOCK_SIZE_M) * tl.cdiv(N, BLOCK_SIZE_N)
     # flatten=True lets the compiler pipeline across tiles: the next tile's first loads start during this
     # tile's epilogue and store.
@@ -213,24 +218,21 @@ def _matmul_tma_persistent(
             b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])  # read BK x BN
             acc = tl.dot(a, b, acc)
         offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        c = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, ACTIVATION).to(c_desc.dtype)
+        c = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, ACTIVATION).to(c_ptr.dtype.element_ty)
         c_desc.store([pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N], c)  # write BM x BN, clipped at the edges
+
+
+def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory for the descriptors the TMA kernel writes (128 bytes each): Triton asks for it at every
+    launch of a kernel that builds descriptors on the device."""
+    return torch.empty(size, device=DEVICE, dtype=torch.int8)
+
+
+triton.set_allocator(_descriptor_scratch)
 
 
 def _even_k(args: dict) -> bool:
     return args["K"] % args["BLOCK_SIZE_K"] == 0
-
-
-def _tma_blocks(meta: dict) -> tuple[list[int], list[int], list[int]]:
-    """The boxes the TMA copies for A, B and C under one config."""
-    m, n, k = meta["BLOCK_SIZE_M"], meta["BLOCK_SIZE_N"], meta["BLOCK_SIZE_K"]
-    return [m, k], [k, n], [m, n]
-
-
-def _set_tma_blocks(nargs: dict) -> None:
-    """The autotuner's pre-hook: each config copies different boxes, so its descriptors change with it."""
-    for name, block in zip(("a_desc", "b_desc", "c_desc"), _tma_blocks(nargs), strict=True):
-        nargs[name].block_shape = block
 
 
 # The autotuned kernels: each config timed on the first call of a key, the fastest kept per key.
@@ -243,7 +245,7 @@ _matmul_kernel = triton.autotune(
 
 # The same tile shapes; a C tile is staged in shared memory for its TMA store, so 128x256x64 fits 3 stages.
 TMA_CONFIGS = [
-    _config(*shape, stages=stages, warps=warps, pre_hook=_set_tma_blocks)
+    _config(*shape, stages=stages, warps=warps)
     for shape, stages, warps in [
         ((128, 256, 64), 3, 8),
         ((256, 128, 64), 3, 8),
@@ -253,12 +255,11 @@ TMA_CONFIGS = [
         ((64, 128, 64), 4, 4),
     ]
 ]
-CPU_TMA_CONFIGS = [_config(32, 32, 32, stages=1, warps=4, group=4, pre_hook=_set_tma_blocks)]
+CPU_TMA_CONFIGS = [_config(32, 32, 32, stages=1, warps=4, group=4)]
 _matmul_tma_kernel = triton.autotune(
     configs=TMA_CONFIGS if LANE == "gpu" else CPU_TMA_CONFIGS,
-    # Descriptors show the autotuner no dtype; bias_ptr (C when there is no bias) carries the output's.
-    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION"],
-    prune_configs_by={"early_config_prune": _prune_by_shared_memory},
+    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION"],  # tensor dtypes are added by triton
+    prune_configs_by={"early_config_prune": functools.partial(_prune_by_shared_memory, c_staged=True)},
     do_bench=autotune_bench,
 )(_matmul_tma_persistent)
 
@@ -343,42 +344,36 @@ def _pick_kernel(kernel: str, a: torch.Tensor, b: torch.Tensor) -> str:
     return "tiled"
 
 
-def _launch_tiled(a, b, c, bias, options: dict, key: tuple) -> None:
-    M, K = a.shape
-    N = b.shape[1]
-    args = (a, b, c, c if bias is None else bias, M, N, K, *a.stride(), *b.stride(), *c.stride())
+def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple) -> None:
+    """Launch `kernel` with the autotuner's winner for this key; the first call of a key tunes."""
+    (M, K), N = a.shape, b.shape[1]
+    bias_or_c = c if bias is None else bias  # a valid pointer either way; read only if HAS_BIAS
+    if kernel == "tiled":
+        args = (a, b, c, bias_or_c, M, N, K, *a.stride(), *b.stride(), *c.stride())
+        jitted, autotuned, programs = _matmul_tiles, _matmul_kernel, None
+    else:
+        args = (a, b, c, bias_or_c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
+        jitted, autotuned = _matmul_tma_persistent, _matmul_tma_kernel
+        programs = torch.cuda.get_device_properties(a.device).multi_processor_count if on_gpu() else 4
+        options = {
+            "HAS_BIAS": options["HAS_BIAS"],
+            "ACTIVATION": options["ACTIVATION"],
+            "NUM_PROGRAMS": programs,
+        }
     tuned = _tuned_launches.get(key)
     if tuned is not None:
-        _matmul_tiles[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
+        jitted[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
         return
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"]),)
-    _matmul_kernel[grid](*args, **options)  # times every config the first time, then launches the best
-    config = _matmul_kernel.best_config
-    meta = config.all_kwargs() | options
-    meta["EVEN_K"] = _even_k({"K": K, **meta})
-    _tuned_launches[key] = _Tuned(config, grid(meta), meta)
 
+    def grid(meta):
+        tiles = triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
+        return (tiles if programs is None else min(programs, tiles),)
 
-def _launch_tma(a, b, c, bias, options: dict, key: tuple) -> None:
-    M, K = a.shape
-    N = b.shape[1]
-    options = {k: v for k, v in options.items() if k != "INPUT_PRECISION"}  # 16-bit operands only
-    tuned = _tuned_launches.get(key)
-    # Descriptors hold the tensors' addresses, so they are built per call; the boxes come from the config.
-    blocks = _tma_blocks(tuned.meta) if tuned is not None else ([1, 1],) * 3  # the pre-hook sets them
-    descs = [TensorDescriptor.from_tensor(t, block) for t, block in zip((a, b, c), blocks, strict=True)]
-    args = (*descs, c if bias is None else bias, M, N, K)
-    if tuned is not None:
-        _matmul_tma_persistent[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
-        return
-    n_sm = torch.cuda.get_device_properties(a.device).multi_processor_count if on_gpu() else 4
-    tiles = lambda meta: triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
-    grid = lambda meta: (min(n_sm, tiles(meta)),)
-    _matmul_tma_kernel[grid](*args, **options, NUM_PROGRAMS=n_sm)
-    config = _matmul_tma_kernel.best_config
-    meta = config.all_kwargs() | options
-    meta["NUM_PROGRAMS"] = grid(meta)[0]
-    _tuned_launches[key] = _Tuned(config, grid(meta), meta)
+    autotuned[grid](*args, **options)  # times every config the first time, then launches the best
+    meta = autotuned.best_config.all_kwargs() | options
+    if kernel == "tiled":
+        meta["EVEN_K"] = _even_k({"K": K, **meta})
+    _tuned_launches[key] = _Tuned(autotuned.best_config, grid(meta), meta)
 
 
 def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tensor, tuple]:
@@ -392,8 +387,7 @@ def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tens
     options = {"HAS_BIAS": bias is not None, "ACTIVATION": activation, "INPUT_PRECISION": precision}
     out_dtype = c.dtype if bias is None else bias.dtype
     key = (kernel, M, N, K, a.dtype, out_dtype, *options.values())  # what the autotuners key on, and more
-    launch = _launch_tma if kernel == "tma_persistent" else _launch_tiled
-    launch(a, b, c, bias, options, key)
+    _launch(kernel, a, b, c, bias, options, key)
     return c, key
 
 
