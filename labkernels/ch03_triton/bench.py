@@ -208,20 +208,21 @@ def _config_label(config) -> str:
 
 def matmul_rows(m: int, n: int, k: int, dtype: torch.dtype, precision: str = "ieee") -> list[dict]:
     """Triton's autotuned matmul against cuBLAS (torch.matmul, with TF32 on or off to match `precision`).
-    Row "triton" is what matmul() launches by default; where that is the TMA kernel, row "triton_tiled" times
-    the pointer-based tiled kernel too, so the two can be compared.
+    Row "triton" is what matmul() launches by default (kernel="auto"); where the TMA kernel can run, rows
+    "triton_tiled" and "triton_tma_persistent" time each kernel, so the two can be compared.
 
     Timed from CUDA-graph replays (`timing.graph_ms`): a 1024^3 matmul runs for less time than Python needs
     to launch it, so eager timing would compare the libraries' host costs (`launch_rows` measures those)."""
     a, b = _random(m, k, dtype=dtype), _random(k, n, dtype=dtype)
     t = traffic.matmul(m, n, k, dtype)
     label = precision if dtype == torch.float32 else _dtype_name(dtype)
-    kernels = {"triton": "auto", "triton_tiled": "tiled"}
+    kernels = {"triton": "auto", "triton_tiled": "tiled", "triton_tma_persistent": "tma_persistent"}
     chosen = {}  # impl -> (kernel, config), autotuned outside the timed region
     for impl, kernel in kernels.items():
-        chosen[impl] = tuned_config(a, b, input_precision=precision, kernel=kernel)
-        if chosen[impl][0] == "tiled":
-            break  # "auto" already is the tiled kernel
+        try:
+            chosen[impl] = tuned_config(a, b, input_precision=precision, kernel=kernel)
+        except ValueError:  # no TMA here (GPU or operands): "auto" is the tiled kernel, and is timed once
+            del chosen["triton_tiled"]
     impls = {
         impl: functools.partial(matmul, a, b, input_precision=precision, kernel=kernels[impl])
         for impl in chosen

@@ -24,8 +24,8 @@ Two kernels compute the same tiles (`matmul(kernel=...)` picks one):
   move through the TMA copy engine, which takes a tensor descriptor (base, shape, strides, box; each program
   writes its own on the device) instead of a pointer per element, fills zeros past the edges and clips the
   store; and one program per SM loops over the tiles, so the next tile's loads overlap this tile's epilogue.
-  "auto" (the default) picks it on such a GPU whenever the operands allow. The Triton interpreter emulates
-  the descriptors, so the CPU lane runs it too when asked by name.
+  "auto" (the default) times both on such a GPU, when the operands allow, and keeps the faster per shape.
+  The Triton interpreter emulates the descriptors, so the CPU lane runs it too when asked by name.
 """
 
 from __future__ import annotations
@@ -330,8 +330,8 @@ def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
 
 
 def _pick_kernel(kernel: str, a: torch.Tensor, b: torch.Tensor) -> str:
-    """The kernel that runs: "auto" takes TMA on Hopper when the operands allow. The interpreter emulates
-    the TMA copies, so kernel="tma_persistent" also runs on the CPU lane (correct, not fast)."""
+    """The kernel to run: "tiled", "tma_persistent", or "auto" when both can run and only timing can choose.
+    The interpreter emulates TMA copies: kernel="tma_persistent" runs on the CPU lane (correct, not fast)."""
     if kernel == "tiled":
         return kernel
     why_not = _why_not_tma(a, b)
@@ -339,9 +339,32 @@ def _pick_kernel(kernel: str, a: torch.Tensor, b: torch.Tensor) -> str:
         why_not = f"this GPU ({torch.cuda.get_device_name()}) predates the TMA copy engine of Hopper"
     if kernel == "tma_persistent" and why_not is not None:
         raise ValueError(f"matmul: kernel='tma_persistent' cannot run here: {why_not}")
-    if kernel == "tma_persistent" or (why_not is None and _has_tma()):
-        return "tma_persistent"
-    return "tiled"
+    if kernel == "auto" and (why_not is not None or not _has_tma()):
+        return "tiled"
+    return kernel
+
+
+# "auto" keeps the faster kernel per key. Neither wins everywhere: in the H200's ch03_matmul reference the
+# persistent TMA kernel is ahead where each SM gets several tiles of C (4096^2, 8192^2) and behind where it
+# gets about one or fewer (1024^2, 2048^2, 512 x 4096).
+_auto_choices: dict[tuple, str] = {}
+
+
+def _choose(a, b, c, bias, options: dict, shape_key: tuple) -> str:
+    """Tune both kernels for this key, time each one's winner once, keep the faster."""
+    medians = {}
+    for kernel in ("tiled", "tma_persistent"):
+        key = (kernel, *shape_key)
+        _launch(kernel, a, b, c, bias, options, key)  # tunes, the first time
+        medians[kernel] = autotune_bench(lambda k=kernel, key=key: _launch(k, a, b, c, bias, options, key))[0]
+    _auto_choices[shape_key] = min(medians, key=medians.get)
+    return _auto_choices[shape_key]
+
+
+@functools.cache
+def _programs(device: torch.device) -> int:
+    """Persistent programs: one per SM (a few under the interpreter, so that each loops over tiles)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu() else 4
 
 
 def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple) -> None:
@@ -354,7 +377,7 @@ def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple) -> None:
     else:
         args = (a, b, c, bias_or_c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
         jitted, autotuned = _matmul_tma_persistent, _matmul_tma_kernel
-        programs = torch.cuda.get_device_properties(a.device).multi_processor_count if on_gpu() else 4
+        programs = _programs(a.device)
         options = {
             "HAS_BIAS": options["HAS_BIAS"],
             "ACTIVATION": options["ACTIVATION"],
@@ -386,7 +409,10 @@ def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tens
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
     options = {"HAS_BIAS": bias is not None, "ACTIVATION": activation, "INPUT_PRECISION": precision}
     out_dtype = c.dtype if bias is None else bias.dtype
-    key = (kernel, M, N, K, a.dtype, out_dtype, *options.values())  # what the autotuners key on, and more
+    shape_key = (M, N, K, a.dtype, out_dtype, *options.values())  # what the autotuners key on, and more
+    if kernel == "auto":
+        kernel = _auto_choices.get(shape_key) or _choose(a, b, c, bias, options, shape_key)
+    key = (kernel, *shape_key)
     _launch(kernel, a, b, c, bias, options, key)
     return c, key
 
@@ -404,8 +430,9 @@ def matmul(
     dtype, accumulated in fp32. `input_precision` ("ieee" or "tf32") applies to float32 inputs.
 
     kernel: "tiled", "tma_persistent" (16-bit operands with contiguous, 16-byte-aligned rows; emulated on the
-    CPU lane) or "auto": the TMA kernel on a Hopper or later GPU when the operands allow, else "tiled".
-    The first call for a shape and dtype autotunes (`tuned_config` shows the winner)."""
+    CPU lane) or "auto": on a Hopper or later GPU, when the operands allow both, the faster of the two for
+    this shape, timed on the first call; else "tiled". The first call for a shape and dtype autotunes
+    (`tuned_config` shows the winner)."""
     return _matmul(a, b, bias, activation, input_precision, kernel)[0]
 
 
