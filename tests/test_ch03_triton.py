@@ -252,6 +252,8 @@ def test_matmul_tma_refuses_operands_it_cannot_describe():
         matmul(a, b, kernel="tma_persistent")  # a's rows: 100 fp16 elements
     with pytest.raises(ValueError, match="rows are not contiguous"):
         matmul(a[:, :96].contiguous(), torch.randn(24, 96, device=DEVICE).half().t(), kernel="tma_persistent")
+    with pytest.raises(ValueError, match="rows overlap"):
+        matmul(torch.randn(1, 96, device=DEVICE).half().expand(16, 96), b[:96], kernel="tma_persistent")
     with pytest.raises(ValueError, match="float16 and bfloat16"):
         matmul(a.float(), b.float(), kernel="tma_persistent")
     with pytest.raises(ValueError, match="kernel must be one of"):

@@ -319,6 +319,8 @@ def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
     for name, t in (("a", a), ("b", b)):
         if t.stride(1) != 1:
             return f"{name}'s rows are not contiguous (strides {t.stride()})"
+        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+            return f"{name}'s rows overlap (strides {t.stride()}), as in an expanded tensor"
         if t.data_ptr() % 16:
             return f"{name} does not start on a 16-byte boundary"
     # A descriptor steps from row to row in multiples of 16 bytes.
