@@ -63,12 +63,12 @@ def graph_ms(fn: Callable[[], object], *, rep: int = 100) -> float:
     """Median GPU time of `fn()` in ms with the host taken out: on the GPU lane the calls are captured in a
     CUDA graph and replayed (`do_bench_cudagraph`), so launches cost no Python. L2 is *not* cleared between
     calls: inputs that fit in L2 stay there. Use it to compare kernels whose run time is near the host's cost
-    per call; `host_us` measures that cost. On the CPU lane it is `cpu_bench`."""
+    per call; `host_us` measures that cost. On the CPU lane it is `time_ms`."""
     if LANE == "gpu":
         import triton.testing
 
         return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
-    return cpu_bench(fn, warmup=2, rep=max(3, min(rep, 10)))
+    return time_ms(fn, rep=rep)
 
 
 def host_us(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 100) -> float:

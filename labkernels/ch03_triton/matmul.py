@@ -23,7 +23,8 @@ Two kernels compute the same tiles (`matmul(kernel=...)` picks one):
 - "tma_persistent" (Hopper and later, 16-bit operands whose rows are contiguous and 16-byte aligned): tiles
   move through the TMA copy engine, which takes a tensor descriptor (base, shape, strides, box; each program
   writes its own on the device) instead of a pointer per element, fills zeros past the edges and clips the
-  store; and one program per SM loops over the tiles, so the next tile's loads overlap this tile's epilogue.
+  store; and one program per SM loops over the tiles, so that the next tile's loads can overlap this tile's
+  epilogue.
   "auto" (the default) times both on such a GPU, when the operands allow, and keeps the faster per shape.
   The Triton interpreter emulates the descriptors, so the CPU lane runs it too when asked by name.
 """
@@ -375,26 +376,33 @@ def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple) -> None:
     bias_or_c = c if bias is None else bias  # a valid pointer either way; read only if HAS_BIAS
     if kernel == "tiled":
         args = (a, b, c, bias_or_c, M, N, K, *a.stride(), *b.stride(), *c.stride())
-        jitted, autotuned, programs = _matmul_tiles, _matmul_kernel, None
     else:
         args = (a, b, c, bias_or_c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
-        jitted, autotuned = _matmul_tma_persistent, _matmul_tma_kernel
-        programs = _programs(a.device)
+    tuned = _tuned_launches.get(key)
+    if tuned is not None:  # the usual case: nothing else runs on the host before the launch
+        jitted = _matmul_tiles if kernel == "tiled" else _matmul_tma_persistent
+        jitted[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
+        return
+    _tune(kernel, args, options, key)
+
+
+def _tune(kernel: str, args: tuple, options: dict, key: tuple) -> None:
+    """The first call of a key: the autotuner times every config and launches the best, which is kept."""
+    M, N, K = args[4:7]
+    autotuned, programs = _matmul_kernel, None
+    if kernel == "tma_persistent":
+        autotuned, programs = _matmul_tma_kernel, _programs(args[0].device)
         options = {
             "HAS_BIAS": options["HAS_BIAS"],
             "ACTIVATION": options["ACTIVATION"],
             "NUM_PROGRAMS": programs,
         }
-    tuned = _tuned_launches.get(key)
-    if tuned is not None:
-        jitted[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
-        return
 
     def grid(meta):
         tiles = triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
         return (tiles if programs is None else min(programs, tiles),)
 
-    autotuned[grid](*args, **options)  # times every config the first time, then launches the best
+    autotuned[grid](*args, **options)
     meta = autotuned.best_config.all_kwargs() | options
     if kernel == "tiled":
         meta["EVEN_K"] = _even_k({"K": K, **meta})
