@@ -84,8 +84,7 @@ def test_elementwise_bad_inputs(fn):
     with pytest.raises(ValueError, match="not contiguous"):
         m = torch.randn(4, 6, device=DEVICE)
         fn(m.t(), m.t())
-    with pytest.raises(ValueError, match="empty"):
-        fn(x[:0], x[:0])
+    assert fn(x[:0], x[:0]).shape == (0,)  # empty in, empty out, nothing launched
     with pytest.raises(ValueError, match="is on meta"):
         fn(torch.empty(10, device="meta"), torch.empty(10, device="meta"))
     with pytest.raises(ValueError, match="out must be"):
@@ -153,8 +152,7 @@ def test_softmax_bad_inputs():
         softmax(torch.ones(3, 4, device=DEVICE, dtype=torch.int32))
     with pytest.raises(ValueError, match="2-D"):
         softmax(torch.randn(2, 3, 4, device=DEVICE))
-    with pytest.raises(ValueError, match="empty"):
-        softmax(torch.randn(0, 4, device=DEVICE))
+    assert softmax(torch.randn(0, 4, device=DEVICE)).shape == (0, 4)  # empty in, empty out
     with pytest.raises(ValueError, match="longer than"):
         softmax(torch.empty(1, softmax_mod.MAX_COLS + 1, device=DEVICE))
     with pytest.raises(ValueError, match="is on meta"):
@@ -333,8 +331,7 @@ def test_matmul_bad_inputs():
         matmul(a.int(), b.int())
     with pytest.raises(ValueError, match="2-D"):
         matmul(a[0], b)
-    with pytest.raises(ValueError, match="empty"):
-        matmul(a[:0], b)
+    assert matmul(a[:0], b).shape == (0, 6)  # empty in, empty out
     with pytest.raises(ValueError, match="activation"):
         matmul(a, b, activation="tanh")
     with pytest.raises(ValueError, match="input_precision"):

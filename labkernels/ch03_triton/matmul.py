@@ -27,6 +27,13 @@ Two kernels compute the same tiles (`matmul(kernel=...)` picks one):
   epilogue.
   "auto" (the default) times both on such a GPU, when the operands allow, and keeps the faster per shape.
   The Triton interpreter emulates the descriptors, so the CPU lane runs it too when asked by name.
+
+Past 2^31 - 1 elements, `row * stride` wraps in int32: when an operand or C reaches that far, the tiled kernel
+is compiled with INDEX_64 (int64 offsets; a constexpr, so the common case compiles without it). The TMA
+descriptors take 64-bit strides already. The epilogue's ReLU is `where(acc < 0, 0, acc)`, which keeps NaN as
+torch.relu does (compiled `tl.maximum` would turn NaN into 0). The op is registered with torch.library
+(`labkernels::ch03_matmul`, with a fake and a backward, bias and activation included) for autograd and
+torch.compile; a plain call launches directly.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkernels.ch03_triton.vector_add import BF16_ON_CPU
+from labkernels.ch03_triton.vector_add import BF16_ON_CPU, INT32_MAX
 from labkernels.lane import DEVICE, LANE, on_gpu, require_device
 from labkernels.timing import autotune_bench
 
@@ -124,7 +131,7 @@ def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.c
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]  # read N
     if ACTIVATION == "relu":
-        acc = tl.maximum(acc, 0.0)
+        acc = tl.where(acc < 0, 0.0, acc)  # keeps NaN (compiled tl.maximum would not)
     elif ACTIVATION == "gelu":
         acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))  # exact (erf) GELU, as torch's default
     return acc
@@ -153,17 +160,26 @@ def _matmul_tiles(
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_SIZE_K: no step is ragged, the loads need no mask
+    INDEX_64: tl.constexpr,  # an operand or C reaches past 2^31 - 1 elements: int64 offsets
 ):
     pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    if INDEX_64:  # every offset below is then int64: row * stride cannot wrap
+        pid_m, pid_n, offs_k = pid_m.to(tl.int64), pid_n.to(tl.int64), offs_k.to(tl.int64)
 
     offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M  # wrapped: always valid rows
     offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak  # (BM, BK)
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn  # (BK, BN)
+    a_rows = a_ptr + offs_am[:, None] * stride_am  # (BM, 1)
+    b_cols = b_ptr + offs_bn[None, :] * stride_bn  # (1, BN)
+    a_ptrs = a_rows + offs_k[None, :] * stride_ak  # (BM, BK)
+    b_ptrs = b_cols + offs_k[:, None] * stride_bk  # (BK, BN)
 
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        if INDEX_64:  # from the int64 column index: the int32 step BLOCK_SIZE_K * stride could wrap too
+            k_offs = k * BLOCK_SIZE_K + offs_k
+            a_ptrs = a_rows + k_offs[None, :] * stride_ak
+            b_ptrs = b_cols + k_offs[:, None] * stride_bk
         if EVEN_K:
             a = tl.load(a_ptrs)  # read BM x BK
             b = tl.load(b_ptrs)  # read BK x BN
@@ -172,8 +188,9 @@ def _matmul_tiles(
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_remaining, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        a_ptrs += BLOCK_SIZE_K * stride_ak
-        b_ptrs += BLOCK_SIZE_K * stride_bk
+        if not INDEX_64:
+            a_ptrs += BLOCK_SIZE_K * stride_ak
+            b_ptrs += BLOCK_SIZE_K * stride_bk
 
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -239,7 +256,7 @@ def _even_k(args: dict) -> bool:
 # The autotuned kernels: each config timed on the first call of a key, the fastest kept per key.
 _matmul_kernel = triton.autotune(
     configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
-    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION"],  # tensor dtypes are added by triton
+    key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION", "INDEX_64"],  # triton adds dtypes
     prune_configs_by={"early_config_prune": _prune_by_shared_memory},
     do_bench=autotune_bench,
 )(triton.heuristics({"EVEN_K": _even_k})(_matmul_tiles))
@@ -285,14 +302,14 @@ def _check(a, b, bias, activation, input_precision, kernel) -> None:
             raise TypeError(f"matmul: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
         if t.dim() != 2:
             raise ValueError(f"matmul: {name} must be 2-D, got shape {tuple(t.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"matmul: a is on {a.device} but b is on {b.device}")
     if a.dtype != b.dtype:
         raise TypeError(f"matmul: a and b must share one dtype, got {a.dtype} and {b.dtype}")
     if a.dtype == torch.bfloat16 and not on_gpu():
         raise TypeError(f"matmul: {BF16_ON_CPU}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul: inner dimensions differ, a is {tuple(a.shape)} and b is {tuple(b.shape)}")
-    if a.numel() == 0 or b.numel() == 0:
-        raise ValueError(f"matmul: empty operand, a is {tuple(a.shape)} and b is {tuple(b.shape)}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"matmul: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if input_precision not in ("ieee", "tf32"):
@@ -301,6 +318,8 @@ def _check(a, b, bias, activation, input_precision, kernel) -> None:
         raise ValueError(f"matmul: kernel must be one of {KERNELS}, got {kernel!r}")
     if bias is not None:
         require_device(bias, "matmul: bias")
+        if bias.device != a.device or b.device != a.device:
+            raise ValueError(f"matmul: bias is on {bias.device}, a on {a.device}")
         if bias.shape != (b.shape[1],):
             raise ValueError(f"matmul: bias must have shape ({b.shape[1]},), got {tuple(bias.shape)}")
         if bias.dtype not in DTYPES or (bias.dtype == torch.bfloat16 and not on_gpu()):
@@ -317,6 +336,8 @@ def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
     """None if the TMA kernel can take a and b (and a contiguous C), else the reason it cannot."""
     if a.dtype not in (torch.float16, torch.bfloat16):
         return f"it takes float16 and bfloat16 operands, got {a.dtype}"
+    if max(*a.shape, b.shape[1]) > INT32_MAX:
+        return f"a descriptor's dimensions are int32, and a is {tuple(a.shape)}, b {tuple(b.shape)}"
     for name, t in (("a", a), ("b", b)):
         if t.stride(1) != 1:
             return f"{name}'s rows are not contiguous (strides {t.stride()})"
@@ -409,15 +430,48 @@ def _tune(kernel: str, args: tuple, options: dict, key: tuple) -> None:
     _tuned_launches[key] = _Tuned(autotuned.best_config, grid(meta), meta)
 
 
-def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tensor, tuple]:
-    """C, and the key its launch is kept under."""
+def needs_int64(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when the tiled kernel's int32 offsets would wrap: an element of a, b or C lies past 2^31 - 1
+    (through its strides), or a step of BLOCK_SIZE_K (at most 256) rows of b or columns of a is that far.
+    Shapes and strides only: meta tensors work."""
+    (M, K), N = a.shape, b.shape[1]
+    (sam, sak), (sbk, sbn) = a.stride(), b.stride()
+    return (
+        (M - 1) * sam + (K + 256) * sak > INT32_MAX
+        or (K + 256) * sbk + (N - 1) * sbn > INT32_MAX
+        or M * N > INT32_MAX
+    )
+
+
+def _empty_product(a, b, bias, activation) -> torch.Tensor:
+    """C when M, N or K is 0: nothing to launch. K = 0 sums nothing: zeros, then bias and activation."""
+    M, N = a.shape[0], b.shape[1]
+    c = torch.zeros((M, N), device=a.device, dtype=torch.float32)
+    if bias is not None:
+        c += bias.float()
+    if activation == "relu":
+        c = torch.relu(c)
+    elif activation == "gelu":
+        c = torch.nn.functional.gelu(c)
+    return c.to(a.dtype)
+
+
+def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tensor, tuple | None]:
+    """C, and the key its launch is kept under (None when nothing was launched)."""
     _check(a, b, bias, activation, input_precision, kernel)
+    if a.numel() == 0 or b.numel() == 0:
+        return _empty_product(a, b, bias, activation), None
     kernel = _pick_kernel(kernel, a, b)
     (M, K), N = a.shape, b.shape[1]
     bias = bias.contiguous() if bias is not None else None  # N elements: a negligible copy if strided
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
-    options = {"HAS_BIAS": bias is not None, "ACTIVATION": activation, "INPUT_PRECISION": precision}
+    options = {
+        "HAS_BIAS": bias is not None,
+        "ACTIVATION": activation,
+        "INPUT_PRECISION": precision,
+        "INDEX_64": needs_int64(a, b),
+    }
     out_dtype = c.dtype if bias is None else bias.dtype
     shape_key = (M, N, K, a.dtype, out_dtype, *options.values())  # what the autotuners key on, and more
     if kernel == "auto":
@@ -425,6 +479,52 @@ def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tens
     key = (kernel, *shape_key)
     _launch(kernel, a, b, c, bias, options, key)
     return c, key
+
+
+# --- the registered op: autograd and torch.compile ---------------------------------------------------------
+
+
+@torch.library.custom_op(
+    "labkernels::ch03_matmul",
+    mutates_args=(),
+    schema="(Tensor a, Tensor b, Tensor? bias=None, str? activation=None, str input_precision='ieee', "
+    "str kernel='auto') -> Tensor",
+)
+def _matmul_op(a, b, bias=None, activation=None, input_precision="ieee", kernel="auto"):
+    return _matmul(a, b, bias, activation, input_precision, kernel)[0]
+
+
+@_matmul_op.register_fake
+def _(a, b, bias=None, activation=None, input_precision="ieee", kernel="auto"):
+    _check(a, b, bias, activation, input_precision, kernel)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, bias, activation, _, _ = inputs
+    ctx.activation = activation
+    ctx.save_for_backward(a, b, bias, output)
+
+
+def _matmul_backward(ctx, grad):
+    """C = act(Z), Z = A @ B + bias: dZ = grad * act'(Z), dA = dZ @ B^T, dB = A^T @ dZ, dbias = rows' sum."""
+    a, b, bias, c = ctx.saved_tensors
+    if ctx.activation == "relu":
+        dz = torch.ops.aten.threshold_backward(grad, c, 0)  # torch.relu's: passes where C > 0
+    elif ctx.activation == "gelu":  # GELU' needs Z, which was never stored: recompute it (fp32)
+        z = a.float() @ b.float() if bias is None else torch.addmm(bias.float(), a.float(), b.float())
+        dz = torch.ops.aten.gelu_backward(grad.float(), z).to(grad.dtype)
+    else:
+        dz = grad
+    da = dz @ b.mT if ctx.needs_input_grad[0] else None
+    db = a.mT @ dz if ctx.needs_input_grad[1] else None
+    dbias = None
+    if bias is not None and ctx.needs_input_grad[2]:
+        dbias = dz.sum(0, dtype=torch.float32).to(bias.dtype)
+    return da, db, dbias, None, None, None
+
+
+_matmul_op.register_autograd(_matmul_backward, setup_context=_setup_context)
 
 
 def matmul(
@@ -442,7 +542,15 @@ def matmul(
     kernel: "tiled", "tma_persistent" (16-bit operands with contiguous, 16-byte-aligned rows; emulated on the
     CPU lane) or "auto": on a Hopper or later GPU, when the operands allow both, the faster of the two for
     this shape, timed on the first call; else "tiled". The first call for a shape and dtype autotunes
-    (`tuned_config` shows the winner)."""
+    (`tuned_config` shows the winner). Differentiable (a, b and bias); compiles with torch.compile."""
+    try:
+        wants_grad = (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)) and (
+            torch.is_grad_enabled()
+        )
+    except AttributeError:  # not tensors: the checks say so
+        wants_grad = False
+    if wants_grad or torch.compiler.is_compiling():
+        return torch.ops.labkernels.ch03_matmul(a, b, bias, activation, input_precision, kernel)
     return _matmul(a, b, bias, activation, input_precision, kernel)[0]
 
 
@@ -458,4 +566,8 @@ def tuned_config(
     """(kernel, config) that `matmul(same arguments)` launches. Runs that matmul once: it autotunes first if
     this key has not been seen."""
     key = _matmul(a, b, bias, activation, input_precision, kernel)[1]
+    if key is None:
+        raise ValueError(
+            f"matmul: an operand is empty (a {tuple(a.shape)}, b {tuple(b.shape)}): nothing tuned"
+        )
     return key[0], _tuned_launches[key].config

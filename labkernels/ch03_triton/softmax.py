@@ -24,6 +24,12 @@ as in Triton's fused-softmax tutorial, with about as many programs as the SMs ho
 one-block-per-program schedule won at wide rows (`make bench` records the comparison: ch03_softmax_configs);
 the loop also costs registers. One kernel: a constexpr PERSISTENT branch around one body (`_softmax_block`).
 Compute is fp32 whatever the storage dtype; the result is stored in the input's dtype.
+
+Rows holding inf or NaN come out as torch.softmax's do (a NaN or +inf in a row makes the whole row NaN:
+x - max is inf - inf there). Offsets are int32 unless x or the output reaches past 2^31 - 1 elements: then
+the INDEX_64 variant computes `row * stride` in int64 (a constexpr, so the common case compiles without
+it). The op is registered with torch.library (`labkernels::ch03_softmax`, with a fake and a backward) for
+autograd and torch.compile; a plain call launches the kernel directly.
 """
 
 from __future__ import annotations
@@ -35,7 +41,13 @@ import torch
 import triton
 import triton.language as tl
 
-from labkernels.ch03_triton.vector_add import BF16_ON_CPU
+from labkernels.ch03_triton.vector_add import (
+    BF16_ON_CPU,
+    INT32_MAX,
+    MAX_BLOCK_NUMEL,
+    check_count,
+    check_num_warps,
+)
 from labkernels.lane import LANE, on_gpu, require_device
 
 MAX_COLS = 32768  # a row must fit one program's registers; longer rows need an online (looped) softmax
@@ -64,8 +76,12 @@ def _softmax_block(
     stride_on,
     BLOCK_SIZE_M: tl.constexpr,  # rows per block
     BLOCK_SIZE_N: tl.constexpr,  # next_power_of_2(n_cols)
+    INDEX_64: tl.constexpr,  # row * stride may pass 2^31 - 1: compute offsets in int64
 ):
     cols = tl.arange(0, BLOCK_SIZE_N)
+    if INDEX_64:
+        step = tl.cast(step, tl.int64)  # then rows and rows * stride are int64 (step may be a plain int)
+        cols = cols.to(tl.int64)  # a column-major x: cols * stride_xn can be as large
     col_mask = cols < n_cols
     rows = step * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     row_mask = rows < n_rows
@@ -98,6 +114,7 @@ def _softmax_kernel(
     VEC: tl.constexpr,  # elements per 16-byte vector that every row length and row start is a multiple of
     PERSISTENT: tl.constexpr,  # loop over row blocks grid-stride, or one block per program
     NUM_STAGES: tl.constexpr,  # persistent: loads of the next rows in flight while this one is reduced
+    INDEX_64: tl.constexpr,  # offsets past 2^31 - 1 elements: int64 arithmetic
 ):
     # Multiplying by the constexpr VEC lets the compiler prove what the launcher checked: rows start on a
     # 16-byte boundary and the mask is the same for all VEC lanes of a vector. It then emits 128-bit loads
@@ -123,6 +140,7 @@ def _softmax_kernel(
                 stride_on,
                 BLOCK_SIZE_M,
                 BLOCK_SIZE_N,
+                INDEX_64,
             )
     else:
         step = tl.program_id(axis=0)
@@ -138,6 +156,7 @@ def _softmax_kernel(
             stride_on,
             BLOCK_SIZE_M,
             BLOCK_SIZE_N,
+            INDEX_64,
         )
 
 
@@ -172,6 +191,7 @@ class _Plan(NamedTuple):
     vec: int
     persistent: bool
     num_stages: int
+    index_64: bool
 
 
 @functools.lru_cache(maxsize=4096)
@@ -183,6 +203,7 @@ def _plan(
     rows_per_program: int | None,
     persistent: bool,
     num_stages: int | None,
+    index_64: bool = False,
 ) -> _Plan:
     """The launch configuration softmax() uses: the defaults from the shape, overridden by what was passed.
 
@@ -197,6 +218,7 @@ def _plan(
         vec=vec,
         persistent=persistent,
         num_stages=num_stages or (2 if persistent else 1),
+        index_64=index_64,
     )
 
 
@@ -204,7 +226,7 @@ def _plan(
 def _meta(plan: _Plan) -> dict:
     """The kernel's constexprs and launch options: one dict per plan, shared, only ever unpacked."""
     meta = {"BLOCK_SIZE_M": plan.block_m, "BLOCK_SIZE_N": plan.block_n, "VEC": plan.vec}
-    meta |= {"PERSISTENT": plan.persistent, "NUM_STAGES": plan.num_stages}
+    meta |= {"PERSISTENT": plan.persistent, "NUM_STAGES": plan.num_stages, "INDEX_64": plan.index_64}
     return meta | {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
 
 
@@ -243,7 +265,14 @@ def _programs_per_sm(plan: _Plan, dtype: torch.dtype) -> int:
         return max(1, min(by_threads, 2))
 
 
-def _check(x: torch.Tensor, rows_per_program: int | None) -> None:
+def needs_int64(x: torch.Tensor) -> bool:
+    """True when an element offset of x (through its strides) or of its contiguous output passes 2^31 - 1:
+    int32 `row * stride` would wrap there. Uses shapes and strides only (meta tensors work)."""
+    (n_rows, n_cols), (stride_m, stride_n) = x.shape, x.stride()
+    return (n_rows - 1) * stride_m + (n_cols - 1) * stride_n > INT32_MAX or n_rows * n_cols > INT32_MAX
+
+
+def _check(x: torch.Tensor) -> None:
     require_device(x, "softmax: x")
     if x.dtype not in DTYPES:
         raise TypeError(f"softmax: x has dtype {x.dtype}; supported: float16, bfloat16, float32")
@@ -253,16 +282,27 @@ def _check(x: torch.Tensor, rows_per_program: int | None) -> None:
         raise ValueError(
             f"softmax: x must be 2-D (rows, cols), got shape {tuple(x.shape)}; use x.reshape(-1, x.shape[-1])"
         )
-    n_rows, n_cols = x.shape
-    if n_rows == 0 or n_cols == 0:
-        raise ValueError(f"softmax: x is empty, shape {tuple(x.shape)}")
-    if n_cols > MAX_COLS:
+    if x.shape[1] > MAX_COLS:
         raise ValueError(
-            f"softmax: a row of {n_cols} elements is longer than the {MAX_COLS} this kernel holds in one "
+            f"softmax: a row of {x.shape[1]} elements is longer than the {MAX_COLS} this kernel holds in one "
             "program's registers"
         )
-    if rows_per_program is not None and (rows_per_program < 1 or rows_per_program & (rows_per_program - 1)):
-        raise ValueError(f"softmax: rows_per_program must be a power of two, got {rows_per_program}")
+
+
+_DEFAULT_OPTIONS = (None, None, None, False, True)
+
+
+def _check_options(num_warps, rows_per_program, persistent, num_stages, vectorize) -> None:
+    """Launch options: ints where ints are due (not bools or floats), flags that are bools."""
+    if num_warps is not None:
+        check_num_warps("softmax", num_warps)
+    if rows_per_program is not None:
+        check_count("softmax", "rows_per_program", rows_per_program, maximum=MAX_BLOCK_NUMEL)
+    if num_stages is not None:
+        check_count("softmax", "num_stages", num_stages, maximum=16, power_of_two=False)
+    for name, flag in (("persistent", persistent), ("vectorize", vectorize)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"softmax: {name} must be True or False, got {type(flag).__name__} {flag!r}")
 
 
 def _prepare(
@@ -272,13 +312,68 @@ def _prepare(
     persistent: bool,
     num_stages: int | None,
     vectorize: bool,
-) -> tuple[torch.Tensor, _Plan]:
+) -> tuple[torch.Tensor, _Plan | None]:
     """Checks x, allocates the contiguous output and picks the launch plan: what softmax() launches and what
-    registers() compiles are the same kernel by construction."""
-    _check(x, rows_per_program)
+    registers() compiles are the same kernel by construction. No plan (None) for an empty x."""
+    _check(x)
+    if (num_warps, rows_per_program, num_stages, persistent, vectorize) != _DEFAULT_OPTIONS:
+        _check_options(num_warps, rows_per_program, persistent, num_stages, vectorize)
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if out.numel() == 0:
+        return out, None
     vec = vector_width(x, out) if vectorize else 1
-    return out, _plan(*x.shape, vec, num_warps, rows_per_program, persistent, num_stages)
+    plan = _plan(*x.shape, vec, num_warps, rows_per_program, persistent, num_stages, needs_int64(x))
+    if plan.block_m * plan.block_n > MAX_BLOCK_NUMEL:
+        raise ValueError(
+            f"softmax: rows_per_program={plan.block_m} rows of {plan.block_n} lanes is "
+            f"{plan.block_m * plan.block_n} elements per program, above Triton's limit of {MAX_BLOCK_NUMEL}"
+        )
+    return out, plan
+
+
+def _softmax(x, num_warps, rows_per_program, persistent, num_stages, vectorize) -> torch.Tensor:
+    """Check, allocate, launch: the kernel's path without autograd."""
+    out, plan = _prepare(x, num_warps, rows_per_program, persistent, num_stages, vectorize)
+    if plan is None:
+        return out  # empty: nothing to launch
+    n_programs = n_steps = triton.cdiv(x.shape[0], plan.block_m)
+    if persistent and LANE == "gpu":
+        n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
+        n_programs = min(n_steps, n_sm * _programs_per_sm(plan, x.dtype))
+    elif persistent:
+        n_programs = min(n_steps, 8)  # a few, so that each program loops
+    args, meta = _launch_arguments(x, out, plan)
+    _softmax_kernel[(n_programs,)](*args, **meta)
+    return out
+
+
+@torch.library.custom_op(
+    "labkernels::ch03_softmax",
+    mutates_args=(),
+    schema="(Tensor x, int? num_warps=None, int? rows_per_program=None, bool persistent=False, "
+    "int? num_stages=None, bool vectorize=True) -> Tensor",
+)
+def _softmax_op(x, num_warps=None, rows_per_program=None, persistent=False, num_stages=None, vectorize=True):
+    return _softmax(x, num_warps, rows_per_program, persistent, num_stages, vectorize)
+
+
+@_softmax_op.register_fake
+def _(x, num_warps=None, rows_per_program=None, persistent=False, num_stages=None, vectorize=True):
+    _check(x)
+    return torch.empty(x.shape, device=x.device, dtype=x.dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    # dx = y * (grad - sum(grad * y)) per row: torch's own formula, from the saved output alone.
+    return torch.ops.aten._softmax_backward_data(grad, y, 1, y.dtype), None, None, None, None, None
+
+
+_softmax_op.register_autograd(_softmax_backward, setup_context=_setup_context)
 
 
 def softmax(
@@ -295,18 +390,16 @@ def softmax(
     num_warps and rows_per_program (a power of two) default to a choice from the row width; persistent=True
     runs a few programs per SM that loop over the row blocks, with num_stages loads in flight (pass these to
     experiment: `bench.softmax_configs` sweeps them); vectorize=False passes the row length and strides as
-    plain ints, so the compiler cannot prove 16-byte alignment.
+    plain ints, so the compiler cannot prove 16-byte alignment. Differentiable; compiles with torch.compile.
     """
-    out, plan = _prepare(x, num_warps, rows_per_program, persistent, num_stages, vectorize)
-    n_programs = n_steps = triton.cdiv(x.shape[0], plan.block_m)
-    if persistent and LANE == "gpu":
-        n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-        n_programs = min(n_steps, n_sm * _programs_per_sm(plan, x.dtype))
-    elif persistent:
-        n_programs = min(n_steps, 8)  # a few, so that each program loops
-    args, meta = _launch_arguments(x, out, plan)
-    _softmax_kernel[(n_programs,)](*args, **meta)
-    return out
+    try:
+        wants_grad = x.requires_grad and torch.is_grad_enabled()
+    except AttributeError:  # not a tensor: the checks say so
+        wants_grad = False
+    if wants_grad or torch.compiler.is_compiling():
+        options = (num_warps, rows_per_program, persistent, num_stages, vectorize)
+        return torch.ops.labkernels.ch03_softmax(x, *options)
+    return _softmax(x, num_warps, rows_per_program, persistent, num_stages, vectorize)
 
 
 def registers(
@@ -326,4 +419,6 @@ def registers(
             "so there is no register count to read"
         )
     out, plan = _prepare(x, num_warps, rows_per_program, persistent, num_stages, vectorize)
+    if plan is None:
+        raise ValueError(f"softmax.registers: x is empty, shape {tuple(x.shape)}: no kernel is launched")
     return int(_compiled(x, out, plan).n_regs)
