@@ -187,34 +187,37 @@ def library_path(directory: Path | None = None, name: str = NAME) -> Path:
 def load(verbose: bool = False) -> str:
     """Build (if needed) and load the extension; return the path of the shared library.
 
-    Checks the build directory for a stale `lock` left by an interrupted build first (torch would wait on it
-    forever), and raises a `StaleLockError` that says how to fix it.
+    The cache is checked first (`cache.guarded_load`): a damaged library is deleted and linked again, a lock
+    left by a dead build is removed, and a live build of the same extension is waited on for a bounded time.
     """
     global LAST_BUILD
     from torch.utils import cpp_extension
 
-    from labkernels.ch01_jit import diagnostics
+    from labkernels.ch01_jit import cache
 
     ensure_ninja_on_path()
     cpp_extension.verify_ninja_availability()
     directory = build_directory()
-    diagnostics.check_lock(directory)
     sources = unity_files(directory)
     before = _mtime(library_path(directory))
     start = time.perf_counter()
+
+    def build() -> str:
+        return cpp_extension.load(
+            name=NAME,
+            sources=[str(s) for s in sources],
+            extra_cflags=CFLAGS + openmp_flags() + [f"-I{CSRC}"],
+            extra_cuda_cflags=CUDA_CFLAGS + [f"-I{CSRC}"],
+            extra_ldflags=openmp_flags(),
+            build_directory=str(directory),
+            with_cuda=any(s.suffix == ".cu" for s in sources),
+            is_python_module=False,
+            verbose=verbose,
+        )
+
     with _arch_list(cuda_arch() if with_cuda() else None):
         try:
-            path = cpp_extension.load(
-                name=NAME,
-                sources=[str(s) for s in sources],
-                extra_cflags=CFLAGS + openmp_flags() + [f"-I{CSRC}"],
-                extra_cuda_cflags=CUDA_CFLAGS + [f"-I{CSRC}"],
-                extra_ldflags=openmp_flags(),
-                build_directory=str(directory),
-                with_cuda=any(s.suffix == ".cu" for s in sources),
-                is_python_module=False,
-                verbose=verbose,
-            )
+            path = cache.guarded_load(build, library_path(directory))
         except RuntimeError as e:
             if "multiple times" not in str(e):
                 raise

@@ -283,6 +283,7 @@ def build_inline(
     functions: list[str] | None = None,
     cuda_source: str | None = None,
     extra_cflags: list[str] | None = None,
+    extra_ldflags: list[str] | None = None,
     build_root: str | os.PathLike | None = None,
     unique: bool = True,
     verbose: bool = False,
@@ -304,7 +305,9 @@ def build_inline(
     ensure_ninja_on_path()
     flags = ["-O2", *openmp_flags(), *(extra_cflags or [])]
     if unique:
-        name = inline_name(name, cpp_source, cuda_source, functions, flags)
+        name = inline_name(
+            name, cpp_source, cuda_source, functions, flags, *([extra_ldflags] if extra_ldflags else [])
+        )
     root = Path(build_root) if build_root is not None else extensions_root() / "inline"
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
@@ -325,7 +328,7 @@ def build_inline(
             functions=functions,
             extra_cflags=flags,
             extra_cuda_cflags=["-O2"],
-            extra_ldflags=openmp_flags(),
+            extra_ldflags=openmp_flags() + (extra_ldflags or []),
             build_directory=str(directory),
             is_python_module=bool(functions),
             verbose=verbose,

@@ -8,7 +8,9 @@
 
 Each is `torch.ops.labkernels.<name>.default` underneath: an operator with a schema, registered with
 `TORCH_LIBRARY_FRAGMENT` and implemented per device with `TORCH_LIBRARY_IMPL`. `register_fake` gives
-torch.compile each op's output metadata, so a compiled graph can hold the op without running it.
+torch.compile each op's output metadata, so a compiled graph can hold the op without running it, and
+`register_autograd` gives add_relu and scale_shift a backward (add_relu_out writes into `out`: no backward,
+so inputs that require grad are refused).
 The extension is built on the first call (`load()`), not when this module is imported.
 Traffic: add_relu reads 2n and writes n elements; scale_shift reads n and writes n.
 """
@@ -110,14 +112,35 @@ def add_relu_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.ops.labkernels.add_relu_naive.default(x, y)
 
 
+def _check_no_overlap(out: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    """Both are contiguous (checked first), so each spans [data_ptr, data_ptr + nbytes). Even `out is x` is
+    refused: the kernels take `__restrict__` pointers, a promise that no byte is reached through two."""
+    if out.numel() == 0 or x.numel() == 0 or torch.compiler.is_compiling():
+        return  # compiled: the C++ check runs on the real tensors
+    a, b = out.data_ptr(), x.data_ptr()
+    if a < b + x.numel() * x.element_size() and b < a + out.numel() * out.element_size():
+        raise RuntimeError(
+            f"out overlaps {name} in memory: the kernel would overwrite what it still has to read "
+            "(pass a separate out)"
+        )
+
+
 def add_relu_out(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """add_relu written into `out` (contiguous, same shape, dtype and device as x); returns `out`."""
+    """add_relu written into `out` (contiguous, same shape, dtype and device as x, sharing no memory with
+    x or y); returns `out`. It records no backward: use add_relu() where gradients are needed."""
     _check_tensor(x, "x")
     _check_tensor(y, "y")
     _check_tensor(out, "out")
     _check_same_device(("x", x), ("y", y), ("out", out))
     _check_dense_pair(x, "x", y, "y")
     _check_dense_pair(x, "x", out, "out")
+    _check_no_overlap(out, x, "x")
+    _check_no_overlap(out, y, "y")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, y, out)):
+        raise RuntimeError(
+            "add_relu_out writes into out and records no backward, but an argument requires grad: use "
+            "add_relu(x, y), which has one, or call it under torch.no_grad()"
+        )
     if _library_path is None:
         load()
     torch.ops.labkernels.add_relu_out.default(x, y, out)
@@ -154,8 +177,34 @@ def _scale_shift_fake(x, a, b):
     return torch.empty_like(x)
 
 
+# Backward formulas, in torch ops (they run on any device, and under torch.compile).
+def _add_relu_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _add_relu_backward(ctx, grad):
+    (out,) = ctx.saved_tensors
+    g = torch.where(out > 0, grad, torch.zeros_like(grad))  # relu passes the gradient where it passed x+y
+    return g, g  # d(x + y)/dx = d(x + y)/dy = 1
+
+
+def _scale_shift_setup_context(ctx, inputs, output):
+    ctx.a = inputs[1]
+
+
+def _scale_shift_backward(ctx, grad):
+    return grad * ctx.a, None, None  # a and b are Python floats: no gradient
+
+
 def _register_fakes() -> None:
     torch.library.register_fake("labkernels::add_relu", _add_relu_fake)
     torch.library.register_fake("labkernels::add_relu_naive", _add_relu_fake)
     torch.library.register_fake("labkernels::add_relu_out", _add_relu_out_fake)
     torch.library.register_fake("labkernels::scale_shift", _scale_shift_fake)
+    for name in ("add_relu", "add_relu_naive"):
+        torch.library.register_autograd(
+            f"labkernels::{name}", _add_relu_backward, setup_context=_add_relu_setup_context
+        )
+    torch.library.register_autograd(
+        "labkernels::scale_shift", _scale_shift_backward, setup_context=_scale_shift_setup_context
+    )

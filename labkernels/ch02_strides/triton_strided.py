@@ -43,6 +43,15 @@ _INT32_MAX = 2**31 - 1
 def _check_input(x: torch.Tensor, name: str, ndim: int | None = 2) -> None:
     check_view(x, name, ndim=ndim)
     require_device(x, name)
+    _check_no_grad(x, name)
+
+
+def _check_no_grad(x: torch.Tensor, name: str) -> None:
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise RuntimeError(
+            f"{name} requires grad, but these Triton kernels record no backward: use "
+            "labkernels.ch02_strides.ops (C++/CUDA, with a backward), or detach() / torch.no_grad()"
+        )
     if x.dtype == torch.bfloat16 and LANE == "cpu":
         raise TypeError(f"{name} is bfloat16, which the Triton interpreter (CPU lane) computes wrongly")
 
@@ -109,7 +118,7 @@ def copy_flat(
 def _copy_2d_naive_kernel(
     x_ptr,
     out_ptr,
-    M,
+    n_elements,  # M * N, computed on the host: M * N in the kernel would be int32 and wrap past 2^31
     N,
     stride_xm,  # elements between x[m, n] and x[m + 1, n]
     stride_xn,  # elements between x[m, n] and x[m, n + 1]
@@ -120,7 +129,7 @@ def _copy_2d_naive_kernel(
     if INDEX_64:
         pid = pid.to(tl.int64)
     offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)  # flat indices into the contiguous (M, N) output
-    mask = offs < M * N
+    mask = offs < n_elements
     m = offs // N
     n = offs % N
     x = tl.load(x_ptr + m * stride_xm + n * stride_xn, mask=mask)  # x transposed: addresses M apart
@@ -129,13 +138,15 @@ def _copy_2d_naive_kernel(
 
 def copy_2d_naive(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """(b) Contiguous copy of any 2-D view; one flat block of output elements per program."""
+    if _compiling((x,), out):
+        return _copy_2d_naive_op(x)
     _check_input(x, "x")
     out = check_out(out, x.shape, x, {"x": x})
     M, N = x.shape
     block = 1024 if LANE == "gpu" else 4096
     grid = (triton.cdiv(M * N, block),)
     _copy_2d_naive_kernel[grid](
-        x, out, M, N, x.stride(0), x.stride(1), BLOCK_SIZE=block, INDEX_64=_needs_int64(x, out)
+        x, out, M * N, N, x.stride(0), x.stride(1), BLOCK_SIZE=block, INDEX_64=_needs_int64(x, out)
     )  # read MN, write MN
     return out
 
@@ -209,6 +220,8 @@ def copy_2d_tiled(
 
     Without block_m/block_n the tile is autotuned (GPU lane) per shape and layout; with them, that tile.
     """
+    if _compiling((x,), out, block_m=block_m, block_n=block_n):
+        return _copy_2d_tiled_op(x)
     _check_input(x, "x")
     out = check_out(out, x.shape, x, {"x": x})
     M, N = x.shape
@@ -263,7 +276,8 @@ def _add_relu_2d_kernel(
     offs_m, offs_n, mask = _tile(M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, INDEX_64)
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
     y = tl.load(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, mask=mask)
-    z = tl.maximum(x + y, 0.0)
+    z = x + y
+    z = tl.where(z < 0.0, 0.0, z)  # keeps NaN like torch.relu; a GPU max may not
     tl.store(
         out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], z.to(out_ptr.dtype.element_ty), mask=mask
     )
@@ -271,6 +285,8 @@ def _add_relu_2d_kernel(
 
 def add_relu_2d(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """relu(x + y) for two 2-D views of the same shape and dtype, any strides; out is contiguous."""
+    if _compiling((x, y), out):
+        return _add_relu_2d_op(x, y)
     _check_input(x, "x")
     _check_input(y, "y")
     if x.shape != y.shape:
@@ -300,3 +316,43 @@ def add_relu_2d(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = Non
         num_warps=4,
     )  # read 2MN (less for an expanded y: its cells hit in cache), write MN
     return out
+
+
+# --- torch.compile: the launchers as custom ops -------------------------------------------------------------
+# Dynamo cannot trace a launcher (it reads storages and launches a kernel), so under torch.compile each public
+# function calls one of these instead: an opaque op that runs the launcher on the real tensors, with a fake
+# that gives the output's metadata (contiguous, like x).
+
+
+@torch.library.custom_op("labkernels::triton_copy_2d_naive", mutates_args=())
+def _copy_2d_naive_op(x: torch.Tensor) -> torch.Tensor:
+    return copy_2d_naive(x)
+
+
+@torch.library.custom_op("labkernels::triton_copy_2d_tiled", mutates_args=())
+def _copy_2d_tiled_op(x: torch.Tensor) -> torch.Tensor:
+    return copy_2d_tiled(x)
+
+
+@torch.library.custom_op("labkernels::triton_add_relu_2d", mutates_args=())
+def _add_relu_2d_op(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return add_relu_2d(x, y)
+
+
+def _fake_like_x(x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)  # contiguous, whatever x's strides
+
+
+for _op in (_copy_2d_naive_op, _copy_2d_tiled_op, _add_relu_2d_op):
+    _op.register_fake(_fake_like_x)
+
+
+def _compiling(inputs: tuple, out, **tuning) -> bool:
+    """True under torch.compile; refuses what the custom ops do not take (out=, a fixed tile, grad)."""
+    if not torch.compiler.is_compiling():
+        return False
+    if out is not None or any(v is not None for v in tuning.values()):
+        raise RuntimeError("under torch.compile these kernels take no out= and no tile sizes: leave them out")
+    for name, t in zip(("x", "y")[: len(inputs)], inputs, strict=True):
+        _check_no_grad(t, name)
+    return True

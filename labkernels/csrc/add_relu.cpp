@@ -71,6 +71,8 @@ at::Tensor add_relu_naive_cpu(const at::Tensor& x, const at::Tensor& y) {
 void add_relu_out_cpu(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
   check_elementwise(at::kCPU, x, "x", y, "y");
   check_elementwise(at::kCPU, x, "x", out, "out");
+  check_no_overlap(out, x, "x");
+  check_no_overlap(out, y, "y");
   add_relu_cpu_into(x, y, out, /*parallel=*/true);
 }
 

@@ -1,7 +1,9 @@
 // Definitions of the checks declared in checks.h (see there for why they live in a .cpp).
 #include "checks.h"
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 namespace labkernels {
 
@@ -56,6 +58,37 @@ void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x
   check_device(x, x_name, device);
   check_contiguous(x, x_name);
   check_contiguous(y, y_name);
+}
+
+int64_t last_element(const at::Tensor& t) {
+  if (t.numel() == 0) {
+    return -1;
+  }
+  int64_t last = t.storage_offset();
+  for (int64_t k = 0; k < t.dim(); ++k) {
+    last += (t.size(k) - 1) * t.stride(k);
+  }
+  return last;
+}
+
+bool may_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || a.device() != b.device()) {
+    return false;
+  }
+  auto range = [](const at::Tensor& t) {
+    const auto base = reinterpret_cast<std::uintptr_t>(t.storage().data());
+    const auto es = static_cast<std::uintptr_t>(t.itemsize());
+    return std::make_pair(base + static_cast<std::uintptr_t>(t.storage_offset()) * es,
+                          base + static_cast<std::uintptr_t>(last_element(t) + 1) * es);
+  };
+  const auto ra = range(a);
+  const auto rb = range(b);
+  return ra.first < rb.second && rb.first < ra.second;
+}
+
+void check_no_overlap(const at::Tensor& out, const at::Tensor& x, const char* x_name) {
+  TORCH_CHECK(!may_overlap(out, x), "out overlaps ", x_name,
+              " in memory: the kernel would overwrite what it still has to read (pass a separate out)");
 }
 
 }  // namespace labkernels

@@ -12,7 +12,10 @@
 // Declared here, defined once in checks.cpp and called by both devices' impls, so the wording is the same.
 // Messages format numbers with std::to_string (`dims()` for sizes and strides) instead of streaming them: on
 // the H200 image (torch 2.11+cu130) a failed check whose message streamed a number (an int64, a double, an
-// IntArrayRef) took the process down with SIGSEGV, while text and dtypes raised normally. The Python wrappers
+// IntArrayRef) took the process down with SIGSEGV, while text and dtypes raised normally. Streaming a number,
+// unlike text, goes through the stream's locale (std::num_put); std::to_string does not.
+// `python -m labkernels.ch01_jit.abi_probe` shows whether two copies of libstdc++'s locale code are loaded
+// (the known cause of that pattern) and whether linking libstdc++ privately fixes it. The Python wrappers
 // validate first in any case.
 namespace labkernels {
 
@@ -37,5 +40,15 @@ void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x
 // mixed with a CUDA one gets "must be on the same device" rather than a message about one of them.
 void check_elementwise(at::DeviceType device, const at::Tensor& x, const char* x_name,
                               const at::Tensor& y, const char* y_name);
+
+// Highest storage element (relative to the storage start) a view can reach; -1 for an empty view.
+int64_t last_element(const at::Tensor& t);
+
+// True if the byte spans of two views on one device intersect (conservative for interleaved views).
+bool may_overlap(const at::Tensor& a, const at::Tensor& b);
+
+// `out` must share no byte with the input `x`. Even `out` *equal* to `x` is refused: the kernels take
+// `__restrict__` pointers, a promise to the compiler that no byte is reached through two of them.
+void check_no_overlap(const at::Tensor& out, const at::Tensor& x, const char* x_name);
 
 }  // namespace labkernels

@@ -28,18 +28,6 @@ namespace ch02 {
 
 constexpr int64_t kStridedMaxDims = 8;
 
-// Highest storage element (relative to the storage start) the view can reach; -1 for an empty view.
-int64_t strided_last_element(const at::Tensor& t) {
-  if (t.numel() == 0) {
-    return -1;
-  }
-  int64_t last = t.storage_offset();
-  for (int64_t k = 0; k < t.dim(); ++k) {
-    last += (t.size(k) - 1) * t.stride(k);
-  }
-  return last;
-}
-
 void strided_check_input(const at::Tensor& x, const char* name, at::DeviceType device) {
   check_float_tensor(x, name);
   check_device(x, name, device);
@@ -50,25 +38,9 @@ void strided_check_input(const at::Tensor& x, const char* name, at::DeviceType d
                 std::to_string(k));
   }
   const int64_t capacity = static_cast<int64_t>(x.storage().nbytes()) / static_cast<int64_t>(x.itemsize());
-  TORCH_CHECK(strided_last_element(x) < capacity, name, " reaches storage element ",
-              std::to_string(strided_last_element(x)), " but its storage holds ", std::to_string(capacity),
+  TORCH_CHECK(last_element(x) < capacity, name, " reaches storage element ",
+              std::to_string(last_element(x)), " but its storage holds ", std::to_string(capacity),
               " elements");
-}
-
-// Byte spans [first, last) of two views; true if they intersect (conservative for interleaved views).
-bool strided_may_overlap(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0 || a.device() != b.device()) {
-    return false;
-  }
-  auto range = [](const at::Tensor& t) {
-    const auto base = reinterpret_cast<std::uintptr_t>(t.storage().data());
-    const auto es = static_cast<std::uintptr_t>(t.itemsize());
-    return std::make_pair(base + static_cast<std::uintptr_t>(t.storage_offset()) * es,
-                          base + static_cast<std::uintptr_t>(strided_last_element(t) + 1) * es);
-  };
-  const auto ra = range(a);
-  const auto rb = range(b);
-  return ra.first < rb.second && rb.first < ra.second;
 }
 
 void strided_check_out(const at::Tensor& out, const at::Tensor& x, const char* x_name, at::DeviceType device) {
@@ -76,8 +48,7 @@ void strided_check_out(const at::Tensor& out, const at::Tensor& x, const char* x
   check_device(out, "out", device);
   TORCH_CHECK(out.is_contiguous(), "out must be contiguous, got sizes ", dims(out.sizes()), " with strides ",
               dims(out.strides()));
-  TORCH_CHECK(!strided_may_overlap(out, x), "out overlaps ", x_name,
-              " in memory: the kernel would overwrite what it still has to read");
+  check_no_overlap(out, x, x_name);
 }
 
 void strided_check_copy(const at::Tensor& x, const at::Tensor& out, at::DeviceType device) {

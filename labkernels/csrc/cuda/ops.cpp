@@ -72,6 +72,8 @@ at::Tensor add_relu_naive_cuda(const at::Tensor& x, const at::Tensor& y) {
 void add_relu_out_cuda(const at::Tensor& x, const at::Tensor& y, at::Tensor& out) {
   check_elementwise(at::kCUDA, x, "x", y, "y");
   check_elementwise(at::kCUDA, x, "x", out, "out");
+  check_no_overlap(out, x, "x");
+  check_no_overlap(out, y, "y");
   add_relu_cuda_into(x, y, out, /*vectorized=*/true);
 }
 

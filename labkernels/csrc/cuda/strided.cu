@@ -43,13 +43,20 @@ StridedGeometry<index_t> narrow(const Geometry& g) {
   return out;
 }
 
-// True when the element count and the largest offset the view reaches fit in int32.
+int64_t strided_blocks(int64_t n) {
+  const int64_t blocks = (n + kStridedThreads - 1) / kStridedThreads;
+  return blocks < 65535 * 32 ? blocks : 65535 * 32;  // grid-stride loop covers the rest
+}
+
+// True when every index the kernel computes fits in int32: the largest offset the view reaches, and the
+// grid-stride loop's `i += stride`, which a thread takes one last time past n (n + the grid's thread
+// count), not just n itself.
 bool fits_int32(const Geometry& g, int64_t n) {
   int64_t last = 0;
   for (int k = 0; k < g.ndim; ++k) {
     last += (g.sizes[k] - 1) * g.strides[k];
   }
-  return n < INT32_MAX && last < INT32_MAX;
+  return n + strided_blocks(n) * kStridedThreads <= INT32_MAX && last <= INT32_MAX;
 }
 
 // Storage offset (in elements, from data_ptr) of the view element with row-major flat index `flat`.
@@ -118,11 +125,6 @@ __global__ void copy_2d_tiled_kernel(const scalar_t* __restrict__ x, scalar_t* _
       out[m * N + n] = tile[i][tx];
     }
   }
-}
-
-int64_t strided_blocks(int64_t n) {
-  const int64_t blocks = (n + kStridedThreads - 1) / kStridedThreads;
-  return blocks < 65535 * 32 ? blocks : 65535 * 32;  // grid-stride loop covers the rest
 }
 
 }  // namespace
