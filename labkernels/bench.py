@@ -51,7 +51,7 @@ def run(names: list[str] | None = None, directory=REFERENCE_DIR) -> list[str]:
     for name in names or sorted(found):
         start = time.perf_counter()
         rows = found[name]()
-        path = record(name, rows, directory)
+        path = record(name, rows, directory, replace=True)  # make bench rewrites the references
         print(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f} s -> {path}", flush=True)
         written.append(str(path))
     return written

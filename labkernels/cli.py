@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,14 +12,26 @@ from pathlib import Path
 def _grade(args) -> int:
     from labkernels.grading.notebooks import grade_folder, score_table
 
+    report_path = Path(args.json)
+    try:
+        # Before the (long) grading run: a report that cannot be written would lose every result.
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        if report_path.is_dir():
+            raise IsADirectoryError(f"--json {report_path} is a folder, not a file")
+        target = report_path if report_path.exists() else report_path.parent
+        if not os.access(target, os.W_OK):
+            raise PermissionError(f"{target} is not writable")
+    except OSError as e:
+        print(f"make grade: cannot write the report to {report_path}: {e}", file=sys.stderr)
+        return 2
     try:
         reports = grade_folder(Path(args.dir), cell_timeout=args.cell_timeout)
     except FileNotFoundError as e:
         print(f"make grade: {e}", file=sys.stderr)
         return 2
     print(score_table(reports))
-    Path(args.json).write_text(json.dumps(reports, indent=1))
-    print(f"details: {args.json}")
+    report_path.write_text(json.dumps(reports, indent=1))
+    print(f"details: {report_path}")
     earned = sum(r["earned"] for rep in reports for r in rep["exercises"])
     possible = sum(r["possible"] for rep in reports for r in rep["exercises"])
     if args.expect == "full" and (earned != possible or possible == 0):
@@ -31,16 +44,28 @@ def _grade(args) -> int:
 
 
 def _exercises(args) -> int:
-    from labkernels.grading.notebooks import out_of_sync, write_exercises
+    from labkernels.grading.notebooks import out_of_sync, unsafe_exercise_folder, write_exercises
 
+    solutions, exercises = Path(args.solutions), Path(args.exercises)
+    if not solutions.is_dir():
+        print(f"exercises: no such folder of solutions: {solutions}", file=sys.stderr)
+        return 2
     if args.check:
-        problems = out_of_sync(Path(args.solutions), Path(args.exercises))
+        if not exercises.is_dir():
+            print(f"exercises: no such folder of exercises: {exercises}", file=sys.stderr)
+            print("run `make exercises` to generate exercises/ from solutions/", file=sys.stderr)
+            return 1
+        problems = out_of_sync(solutions, exercises)
         for p in problems:
             print(p, file=sys.stderr)
         if problems:
             print("run `make exercises` to regenerate exercises/ from solutions/", file=sys.stderr)
         return 1 if problems else 0
-    for path in write_exercises(Path(args.solutions), Path(args.exercises)):
+    refusal = unsafe_exercise_folder(solutions, exercises)
+    if refusal:
+        print(f"exercises: refusing to write: {refusal}", file=sys.stderr)
+        return 2
+    for path in write_exercises(solutions, exercises):
         print(f"wrote {path}")
     return 0
 

@@ -7,7 +7,10 @@ git revision), so a shipped H200 figure always says where it came from.
 from __future__ import annotations
 
 import csv
+import math
 import os
+import re
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -17,13 +20,45 @@ REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 META_COLUMNS = ("device", "torch", "triton", "cuda", "date", "git")
 
 
-def _parse(value: str):
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
+# Columns that hold text whatever their values look like: a git revision such as 5e12345 or 0123456 must
+# come back as written, not as inf or 123456.
+STRING_COLUMNS = frozenset(META_COLUMNS) | {
+    "dtype",
+    "impl",
+    "op",
+    "kernel",
+    "precision",
+    "sweep",
+    "quantity",
+    "unit",
+    "shape",
+    "name",
+    "label",
+}
+_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?(inf|nan)", re.I)
+
+
+def _number(value: str) -> int | float | None:
+    """The number `value` spells, or None. Strict: no leading zeros (0123 is a label, not 123), and an
+    exponent that overflows (5e12345, a git revision) is not a number; an empty cell is not one either."""
+    if _INT.fullmatch(value):
+        return int(value)
+    if _FLOAT.fullmatch(value):
+        number = float(value)
+        if math.isinf(number) and "inf" not in value.lower():
+            return None
+        return number
+    return None
+
+
+def _column_types(header: list[str], rows: list[list[str]]) -> dict[str, bool]:
+    """Per column: numeric unless it is a known text column or one of its non-empty cells is not a number."""
+    numeric = {}
+    for i, name in enumerate(header):
+        cells = [row[i] for row in rows if row[i] != ""]
+        numeric[name] = name not in STRING_COLUMNS and all(_number(c) is not None for c in cells)
+    return numeric
 
 
 class Table:
@@ -82,9 +117,17 @@ def results_dir() -> Path:
     return Path(os.environ.get("LABKERNELS_RESULTS", "results"))
 
 
-def record(name: str, rows: Iterable[Mapping], directory: str | Path | None = None) -> Path:
-    """Write `rows` to `<directory>/<name>.csv` with the environment columns prepended; return the path."""
-    if not name or "/" in name:
+def record(
+    name: str, rows: Iterable[Mapping], directory: str | Path | None = None, *, replace: bool = False
+) -> Path:
+    """Write `rows` to `<directory>/<name>.csv` with the environment columns prepended; return the path.
+
+    The file is written to a temporary file in the same folder and renamed over the old one, so a failing
+    write leaves the old file whole. An existing file with the same columns is replaced (a re-run of the same
+    measurement); one with different columns is kept and this raises, unless `replace=True` (`make bench`,
+    which rewrites the shipped references, passes it).
+    """
+    if not name or "/" in name or name.startswith("."):
         raise ValueError(f"result name must be a plain file stem, got {name!r}")
     rows = [dict(r) for r in rows]
     if not rows:
@@ -95,16 +138,77 @@ def record(name: str, rows: Iterable[Mapping], directory: str | Path | None = No
     path = Path(directory) if directory is not None else results_dir()
     path.mkdir(parents=True, exist_ok=True)
     out = path / f"{name}.csv"
-    with out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=table.columns)
-        writer.writeheader()
-        writer.writerows(table.rows)
+    if out.exists() and not replace:
+        old = _header(out)
+        if old != table.columns:
+            raise ValueError(
+                f"{out} already holds a table with other columns ({old} vs {table.columns}); "
+                "record under another name, delete the file, or pass replace=True"
+            )
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".csv.tmp", dir=path)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=table.columns)
+            writer.writeheader()
+            writer.writerows(table.rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)  # atomic on one filesystem: readers see the old file or the new, never half
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return out
 
 
+def _header(path: Path) -> list[str] | None:
+    with path.open(newline="") as f:
+        try:
+            return next(csv.reader(f), None)
+        except csv.Error:
+            return None
+
+
+class MalformedCSV(ValueError):
+    """A results file that is not a table: says which file and which line."""
+
+
 def load(path: str | Path) -> Table:
-    with Path(path).open(newline="") as f:
-        return Table({k: _parse(v) for k, v in row.items()} for row in csv.DictReader(f))
+    """Read a CSV written by `record`. Text columns stay text; a column becomes numbers only when every
+    non-empty cell is a number (empty cells stay ""). A malformed file raises MalformedCSV naming the line."""
+    path = Path(path)
+    with path.open(newline="") as f:
+        reader = csv.reader(f, strict=True)
+        try:
+            header = next(reader, None)
+            if not header:
+                raise MalformedCSV(f"{path}: line 1: empty file, expected a header row")
+            _check_header(path, header)
+            rows = []
+            for row in reader:
+                if not row:
+                    continue  # a blank line, e.g. a trailing one
+                if len(row) != len(header):
+                    where = f"{path}: line {reader.line_num}"
+                    raise MalformedCSV(f"{where}: {len(row)} fields where the header has {len(header)}")
+                rows.append(row)
+        except csv.Error as e:
+            raise MalformedCSV(f"{path}: line {reader.line_num}: {e}") from None
+        except UnicodeDecodeError as e:
+            raise MalformedCSV(f"{path}: not a text CSV file ({e.reason})") from None
+    numeric = _column_types(header, rows)
+    return Table(
+        {k: (_number(v) if numeric[k] and v != "" else v) for k, v in zip(header, row, strict=True)}
+        for row in rows
+    )
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    blank = [i + 1 for i, name in enumerate(header) if not name.strip()]
+    if blank:
+        raise MalformedCSV(f"{path}: line 1: header has an empty column name (column {blank[0]})")
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise MalformedCSV(f"{path}: line 1: header repeats column(s) {repeated}")
 
 
 def reference_path(name: str) -> Path:

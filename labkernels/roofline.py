@@ -30,11 +30,18 @@ class Ceilings:
     bandwidth_gbps: float
     peak_tflops: dict[str, float] = field(default_factory=dict)
 
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_tflops:
+            raise KeyError(
+                f"{self.name}: no {dtype!r} matmul peak measured; measured: {sorted(self.peak_tflops)}"
+            )
+        return self.peak_tflops[dtype]
+
     def ridge_point(self, dtype: str) -> float:
-        return ridge_point(self.bandwidth_gbps, self.peak_tflops[dtype])
+        return ridge_point(self.bandwidth_gbps, self.peak(dtype))
 
     def best_time_ms(self, traffic: Traffic, dtype: str) -> float:
-        return best_time_ms(traffic, self.bandwidth_gbps, self.peak_tflops[dtype])
+        return best_time_ms(traffic, self.bandwidth_gbps, self.peak(dtype))
 
 
 def _check_rates(bandwidth_gbps: float, peak_tflops: float) -> None:
@@ -130,7 +137,13 @@ def ceilings_rows(c: Ceilings) -> list[dict]:
 
 
 def ceilings_from_table(table: Table) -> Ceilings:
-    bandwidth = table.where(quantity="copy_bandwidth").column("value")[0]
+    """Ceilings from a table of `ceilings_rows` (one copy_bandwidth row, matmul_peak rows)."""
+    if not len(table) or "quantity" not in table.columns or "value" not in table.columns:
+        raise ValueError(f"not a ceilings table (needs quantity and value columns): {table.columns}")
+    bandwidths = table.where(quantity="copy_bandwidth").column("value")
+    if len(bandwidths) != 1:
+        raise ValueError(f"a ceilings table needs exactly one copy_bandwidth row, found {len(bandwidths)}")
+    bandwidth = bandwidths[0]
     peaks = {r["dtype"]: r["value"] for r in table.where(quantity="matmul_peak").rows}
     return Ceilings(str(table.rows[0].get("device", "reference")), float(bandwidth), peaks)
 
@@ -225,5 +238,6 @@ def plot_roofline(points: list[Point], ceilings: list[Ceilings], ax=None, dtype:
     ax.set_xlabel("arithmetic intensity (FLOP / byte of HBM traffic)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=7, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
     return ax

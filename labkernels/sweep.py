@@ -16,6 +16,8 @@ def sweep(fn: Callable[..., Mapping], grid: Mapping[str, Sequence], desc: str = 
     if not grid:
         raise ValueError("grid must name at least one parameter")
     for name, values in grid.items():
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            raise TypeError(f"grid parameter {name!r} must be a list of values, got {values!r}")
         if len(values) == 0:
             raise ValueError(f"grid parameter {name!r} has no values")
     names = list(grid)
@@ -23,7 +25,10 @@ def sweep(fn: Callable[..., Mapping], grid: Mapping[str, Sequence], desc: str = 
     rows = []
     for values in tqdm(combos, desc=desc or "sweep", leave=False):
         params = dict(zip(names, values, strict=True))
-        rows.append({**params, **fn(**params)})
+        result = fn(**params)
+        if not isinstance(result, Mapping):
+            raise TypeError(f"the swept function must return a dict of results, got {result!r} for {params}")
+        rows.append({**params, **result})
     return Table(rows)
 
 
@@ -40,6 +45,11 @@ def plot_sweep(
     ylabel: str | None = None,
 ):
     """Lines of `y` against `x`, one per value of `by`; a reference table is drawn dashed beside them."""
+    for t, what in ((table, "table"), (reference, "reference")):
+        needed = [c for c in (x, y, by) if c is not None]
+        missing = [c for c in needed if t is not None and len(t) and c not in t.columns]
+        if missing:
+            raise KeyError(f"plot_sweep: the {what} has no column(s) {missing}; its columns are {t.columns}")
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     _lines(ax, table, x, y, by, style="-o", suffix="", single="this machine")
@@ -55,7 +65,8 @@ def plot_sweep(
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # an empty table draws no lines and needs no legend
+        ax.legend(fontsize=8)
     return ax
 
 

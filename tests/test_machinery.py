@@ -101,12 +101,31 @@ def test_timing_measures_real_time_and_rejects_bad_arguments():
     with pytest.raises(ValueError, match="positive"):
         timing.gbps(10, 0)
     assert timing.gbps(2e9, 1000) == pytest.approx(2.0)
-    assert 9 <= timing.graph_ms(lambda: time.sleep(0.01), rep=3) <= 100  # the CPU lane: cpu_bench
     calls = []
     us = timing.host_us(lambda: (calls.append(1), time.sleep(0.002)), calls=4, warmup=1)
     assert len(calls) == 5 and 1900 <= us <= 50_000
     with pytest.raises(ValueError, match="calls must be >= 1"):
         timing.host_us(lambda: None, calls=0)
+
+
+def test_graph_ms_times_the_work_of_this_lane():
+    """graph_ms replays a CUDA graph on the GPU lane, so it must be given GPU work: a host sleep is not
+    captured by a graph and would time as nothing. On the GPU, time a copy far bigger than L2 both ways: the
+    graph replay must see the copy (not less than its bytes at a bandwidth no GPU has) and agree with a plain
+    timing. On the CPU lane graph_ms is time_ms, which times the host."""
+    import time
+
+    if not labkernels.on_gpu():
+        assert 9 <= timing.graph_ms(lambda: time.sleep(0.01), rep=3) <= 100
+        return
+    n = 64 << 20  # 256 MiB of fp32 per buffer: 512 MB moved per copy, ten times an H200's L2
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    graph = timing.graph_ms(lambda: dst.copy_(src), rep=50)
+    plain = timing.time_ms(lambda: dst.copy_(src), rep=50)
+    floor = traffic.copy(n).bytes / 20e12 * 1e3  # ms at 20 TB/s, several times any GPU's HBM bandwidth
+    assert graph > floor, f"graph_ms {graph:.4f} ms is faster than physics allows ({floor:.4f} ms)"
+    assert 0.5 * plain <= graph <= 2 * plain, f"graph_ms {graph:.4f} ms vs time_ms {plain:.4f} ms"
 
 
 def test_autotune_bench_works_for_triton_autotune_in_this_lane():
@@ -206,3 +225,192 @@ def test_env_report_has_versions():
 
     r = report()
     assert r["torch"] == torch.__version__ and r["lane"] in ("cpu", "gpu")
+
+
+# --- results files: no value changes on a round trip, no silent loss, clear errors --------------------------
+
+
+def test_results_round_trip_keeps_every_value(tmp_path, monkeypatch):
+    from labkernels import env
+
+    report = env.report()
+    monkeypatch.setattr(env, "report", lambda: {**report, "git": "5e12345"})
+    rows = [
+        {"n": 3, "ms": 0.1 + 0.2, "tag": "0123456", "rev": "1e5", "big": 2**62, "speedup": 1.5},
+        {"n": 5, "ms": float("inf"), "tag": "abc", "rev": "7e308x", "big": -1, "speedup": None},
+    ]
+    table = load(record("unit", rows, tmp_path))
+    first, second = table.rows
+    assert first["git"] == "5e12345" and second["git"] == "5e12345"  # not inf
+    assert first["tag"] == "0123456"  # not 123456: the column holds text
+    assert first["rev"] == "1e5"  # its column holds a non-number too, so it stays text
+    assert (first["n"], first["ms"], first["big"]) == (3, 0.1 + 0.2, 2**62)
+    assert second["ms"] == float("inf") and first["speedup"] == 1.5 and second["speedup"] == ""
+
+
+def test_leading_zero_or_overflowing_numbers_stay_text(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("device,git,code,x\nH200,0123456,007,1\nH200,1234567,12,2\n")
+    rows = load(path).rows
+    assert [r["git"] for r in rows] == ["0123456", "1234567"]  # a META column is always text
+    assert [r["code"] for r in rows] == ["007", "12"]
+    assert [r["x"] for r in rows] == [1, 2]
+    path.write_text("a\n5e12345\n")
+    assert load(path).rows[0]["a"] == "5e12345"
+
+
+def test_record_refuses_to_replace_a_table_with_other_columns(tmp_path):
+    path = record("unit", [{"n": 1, "ms": 0.5}], tmp_path)
+    before = path.read_text()
+    with pytest.raises(ValueError, match="other columns"):
+        record("unit", [{"n": 1, "gbps": 9.0}], tmp_path)
+    assert path.read_text() == before
+    record("unit", [{"n": 2, "ms": 0.25}], tmp_path)  # the same measurement again: replaced
+    assert load(path).column("n") == [2]
+    record("unit", [{"n": 3, "gbps": 1.0}], tmp_path, replace=True)  # asked: replaced
+    assert load(path).column("gbps") == [1.0]
+
+
+def test_a_failing_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    import csv
+
+    path = record("unit", [{"n": 1, "ms": 0.5}], tmp_path)
+    before = path.read_text()
+
+    def fail(self, rows):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", fail)
+    with pytest.raises(OSError, match="disk full"):
+        record("unit", [{"n": 2, "ms": 0.7}], tmp_path)
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unit.csv"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("", 1, "empty file"),
+        ("a,b\n1,2\n3,4,5\n", 3, "3 fields where the header has 2"),
+        ("a,b\n1\n", 2, "1 fields where the header has 2"),
+        ("a,a\n1,2\n", 1, "repeats column"),
+        ("a,\n1,2\n", 1, "empty column name"),
+        ('a,b\n1,"2\n', 2, "unexpected end of data"),
+    ],
+)
+def test_malformed_csv_names_the_file_and_line(tmp_path, text, line, message):
+    from labkernels.results import MalformedCSV
+
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(MalformedCSV, match=rf"bad\.csv: line {line}: .*{message}"):
+        load(path)
+
+
+def test_binary_file_is_refused_clearly(tmp_path):
+    path = tmp_path / "bin.csv"
+    path.write_bytes(b"a,b\n\xff\xfe\x00,1\n")
+    with pytest.raises(ValueError, match=r"bin\.csv: not a text CSV"):
+        load(path)
+
+
+# --- the command line must never lose work -----------------------------------------------------------------
+
+
+def _solution_folder(tmp_path):
+    import nbformat
+
+    folder = tmp_path / "sol"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION")]
+    path = folder / "00_x.ipynb"
+    nbformat.write(nb, path)
+    return folder, path
+
+
+def test_exercises_refuses_to_overwrite_solutions(tmp_path, capsys):
+    from labkernels.cli import main
+
+    folder, path = _solution_folder(tmp_path)
+    before = path.read_text()
+    assert main(["exercises", "--solutions", str(folder), "--exercises", str(folder)]) != 0
+    assert "solutions folder itself" in capsys.readouterr().err
+    assert path.read_text() == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "00_x.ipynb").write_text(before)  # a folder of someone's solutions, not of generated exercises
+    assert main(["exercises", "--solutions", str(folder), "--exercises", str(other)]) != 0
+    assert "holds solution regions" in capsys.readouterr().err
+    assert (other / "00_x.ipynb").read_text() == before
+    assert main(["exercises", "--solutions", str(folder), "--exercises", str(tmp_path / "ex")]) == 0
+    assert "answer = 42" not in (tmp_path / "ex" / "00_x.ipynb").read_text()
+
+
+def test_exercises_check_fails_on_a_missing_folder(tmp_path, capsys):
+    from labkernels.cli import main
+
+    folder, _ = _solution_folder(tmp_path)
+    assert (
+        main(["exercises", "--check", "--solutions", str(folder), "--exercises", str(tmp_path / "no")]) != 0
+    )
+    assert "no such folder of exercises" in capsys.readouterr().err
+    assert main(["exercises", "--check", "--solutions", str(tmp_path / "none")]) != 0
+    assert "no such folder of solutions" in capsys.readouterr().err
+
+
+def test_grade_json_into_a_new_folder_keeps_the_results(tmp_path, monkeypatch):
+    import json
+
+    from labkernels.cli import main
+    from labkernels.grading import notebooks
+
+    fake = [{"notebook": "00_x.ipynb", "problem": None, "exercises": []}]
+    graded = []
+    monkeypatch.setattr(notebooks, "grade_folder", lambda folder, cell_timeout: graded.append(1) or fake)
+    report = tmp_path / "new" / "deeper" / "report.json"
+    assert main(["grade", str(tmp_path), "--json", str(report)]) == 0
+    assert json.loads(report.read_text()) == fake
+    # a report path that can never be written is refused before grading starts
+    graded.clear()
+    assert main(["grade", str(tmp_path), "--json", str(tmp_path / "new")]) == 2
+    assert graded == []
+
+
+# --- helpers given empty or wrong input say so -------------------------------------------------------------
+
+
+def test_helpers_given_empty_input_raise_clear_errors_or_return_empty():
+    with pytest.raises(ValueError, match="moves no bytes"):
+        _ = traffic.Traffic("nothing", 0, 0).intensity
+    with pytest.raises(ValueError, match="must be a number >= 0"):
+        traffic.Traffic("bad", -1, 0)
+    assert sum([traffic.add(4), traffic.relu(4)]).bytes == traffic.add_relu(4, fused=False).bytes
+    with pytest.raises(ValueError, match="not a ceilings table"):
+        roofline.ceilings_from_table(Table([]))
+    with pytest.raises(ValueError, match="exactly one copy_bandwidth row"):
+        roofline.ceilings_from_table(Table([{"quantity": "matmul_peak", "dtype": "float32", "value": 1.0}]))
+    with pytest.raises(KeyError, match="no 'bfloat16' matmul peak"):
+        roofline.Ceilings("cpu", 10.0, {"float32": 1.0}).ridge_point("bfloat16")
+    assert roofline.plot_roofline([], []) is not None
+    assert len(plot_sweep(Table([]), "n", "y", by="k").lines) == 0
+    with pytest.raises(KeyError, match=r"no column\(s\) \['y'\]"):
+        plot_sweep(Table([{"n": 1}]), "n", "y")
+    with pytest.raises(TypeError, match="must return a dict"):
+        sweep(lambda n: n, {"n": [1]})
+    with pytest.raises(TypeError, match="must be a list of values"):
+        sweep(lambda n: {}, {"n": 5})
+    assert Table([]).column("x") == [] and repr(Table([])) == "Table(empty)"
+
+
+def test_read_write_mix_rows_count_the_bytes_they_move():
+    from labkernels.ch00_roofline.ops import read_write_mix_rows
+
+    n = 1 << 12
+    rows = read_write_mix_rows(n)
+    assert {(r["reads"], r["writes"]) for r in rows} == {(0, 1), (1, 1), (2, 1), (3, 1), (1, 0)}
+    for r in rows:
+        assert r["bytes"] == (r["reads"] + r["writes"]) * n * 4 and r["gbps"] > 0
+    assert [r["fraction_of_copy"] for r in rows if (r["reads"], r["writes"]) == (1, 1)] == [1.0]
+    with pytest.raises(ValueError, match="positive int"):
+        read_write_mix_rows(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from labkernels.bench import benchmark
-from labkernels.ch00_roofline.ops import measure_ops, points_rows
+from labkernels.ch00_roofline.ops import measure_ops, points_rows, read_write_mix_rows
 from labkernels.roofline import ceilings_rows, copy_size_sweep, measure_ceilings
 
 GPU_GEMMS = [(4096, 4096, 4096), (8192, 8192, 64), (16384, 16384, 16), (4096, 4096, 512), (512, 4096, 4096)]
@@ -29,3 +29,9 @@ def ops() -> list[dict]:
         for row in points_rows(measure_ops(1 << 28, GPU_GEMMS, dtype)):
             rows.append({"dtype": str(dtype).removeprefix("torch."), **row})
     return rows
+
+
+@benchmark("ch00_read_write_mix")
+def read_write_mix() -> list[dict]:
+    """Why a 2:1 read:write kernel can beat 100% of copy bandwidth: the same bytes, different mixes."""
+    return [row for p in (24, 28) for row in read_write_mix_rows(1 << p)]

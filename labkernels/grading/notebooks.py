@@ -50,7 +50,30 @@ def exercise_text(solution_path: Path) -> str:
     return nbformat.writes(nb) + "\n"
 
 
+def unsafe_exercise_folder(solutions: Path, exercises: Path) -> str | None:
+    """Why writing exercises from `solutions` into `exercises` would destroy work, or None if it is safe:
+    the same folder (every solution would become a stub), or an exercises folder whose notebooks hold
+    solution regions (someone's solutions, which a stub must not replace)."""
+    if solutions.resolve() == exercises.resolve():
+        return f"{exercises} is the solutions folder itself: its solutions would be replaced by stubs"
+    if not exercises.is_dir():
+        return None
+    for dst in sorted(exercises.glob("*.ipynb")):
+        try:
+            text = dst.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if BEGIN in text:
+            return f"{dst} holds solution regions ({BEGIN}): it is not a generated exercise"
+    return None
+
+
 def write_exercises(solutions: Path, exercises: Path) -> list[Path]:
+    refusal = unsafe_exercise_folder(solutions, exercises)
+    if refusal:
+        raise ValueError(f"refusing to write exercises: {refusal}")
+    if not solutions.is_dir():
+        raise FileNotFoundError(f"no such folder of solutions: {solutions}")
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
     for src in sorted(solutions.glob("*.ipynb")):
