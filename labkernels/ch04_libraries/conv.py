@@ -1,0 +1,283 @@
+"""Implicit-GEMM 2-D convolution in Triton: NHWC input, (K_out, R, S, C) weights, fp32 accumulation.
+
+A convolution is a matmul in disguise. Output pixel (n, p, q), output channel k:
+    y[n, p, q, k] = sum over r, s, c of x[n, p*stride - pad + r, q*stride - pad + s, c] * w[k, r, s, c]
+so with M = N*P*Q output pixels, N_gemm = K_out and K_gemm = R*S*C it is Y (M, K_out) = A (M, R*S*C) @
+W^T, where row m of A holds the R*S input patches under output pixel m. cuDNN's "implicit GEMM" never builds
+A (an im2col copy would be R*S = 9 times the input for a 3x3 filter): each tile of A is loaded straight
+from x, computing for each of its rows the input pixel (n, h, w) and masking the rows whose tap falls in
+the padding. The K_gemm loop runs over the taps (r, s), and inside a tap over C in BLOCK_SIZE_K chunks, so
+every row of an A tile is BLOCK_SIZE_K *contiguous* channels of one NHWC pixel: coalesced loads. In NCHW
+the same channels sit H*W elements apart, which is why this kernel (and cuDNN's fastest) want NHWC.
+
+Traffic at best: read x and w once, write y once: (N*H*W*C + K_out*R*S*C + N*P*Q*K_out) elements; the R*S
+re-reads of each input pixel hit L2. FLOPs: 2 * N*P*Q * K_out * R*S*C.
+
+Weights: (K_out, R, S, C) contiguous, so each output channel's R*S*C taps are contiguous (K-major B, what
+the tensor cores want). torch stores them as (K_out, C, R, S): `weight_from_torch` converts, one copy of
+the (small) weight tensor, worth doing once and keeping rather than per call.
+Backward is not implemented: inputs that require grad are refused.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from labkernels.ch03_triton.vector_add import BF16_ON_CPU
+from labkernels.lane import LANE, on_gpu, require_device
+from labkernels.timing import autotune_bench
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SHARED_MEMORY_BYTES = 227 * 1024
+INT32_LIMIT = 2**31
+
+
+def _config(m: int, n: int, k: int, stages: int, warps: int, group: int = 8) -> triton.Config:
+    meta = {"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": group}
+    return triton.Config(meta, num_stages=stages, num_warps=warps)
+
+
+# ResNet stages have K_out = 64 ... 512 and C a multiple of 64: BLOCK_SIZE_K 64 (one 128-byte line of fp16
+# channels per pixel), tiles as wide as K_out allows (wider tiles are pruned when K_out is narrower).
+GPU_CONFIGS = [
+    _config(128, 64, 64, stages=4, warps=4),
+    _config(256, 64, 64, stages=3, warps=8),
+    _config(128, 128, 64, stages=4, warps=8),
+    _config(128, 256, 64, stages=3, warps=8),
+    _config(256, 128, 64, stages=3, warps=8),
+]
+CPU_CONFIGS = [_config(32, 16, 16, stages=1, warps=4, group=4)]
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    """Output pixels along one axis: floor((size + 2*padding - kernel) / stride) + 1."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def weight_from_torch(w: torch.Tensor) -> torch.Tensor:
+    """torch's (K_out, C, R, S) weights as this kernel's (K_out, R, S, C), contiguous (one copy)."""
+    if w.dim() != 4:
+        raise ValueError(f"weight_from_torch: w must be 4-D (K_out, C, R, S), got shape {tuple(w.shape)}")
+    return w.permute(0, 2, 3, 1).contiguous()
+
+
+def reference(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, stride: int = 1, padding: int = 0
+) -> torch.Tensor:
+    """torch's conv2d in fp64 on NHWC x and (K_out, R, S, C) w; NHWC fp64 result."""
+    y = torch.nn.functional.conv2d(
+        x.double().permute(0, 3, 1, 2),
+        w.double().permute(0, 3, 1, 2),
+        None if bias is None else bias.double(),
+        stride=stride,
+        padding=padding,
+    )
+    return y.permute(0, 2, 3, 1)
+
+
+@triton.jit
+def _tile_coordinates(
+    tile_id, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr
+):
+    """Grouped ordering (chapter 03): neighbouring programs share filter columns and input rows in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _conv_kernel(
+    x_ptr, w_ptr, bias_ptr, y_ptr,
+    BATCH, H, W, C, P, Q, K_OUT,
+    R: tl.constexpr, S: tl.constexpr, STRIDE: tl.constexpr, PADDING: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_C: tl.constexpr, BIG: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):  # fmt: skip
+    M = BATCH * P * Q
+    pid_m, pid_n = _tile_coordinates(
+        tl.program_id(axis=0), M, K_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M
+    )
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)  # output pixels (n, p, q), flattened
+    row_valid = offs_m < M
+    n_img = offs_m // (P * Q)
+    h_top = (offs_m % (P * Q)) // Q * STRIDE - PADDING  # the input pixel under tap (0, 0)
+    w_left = offs_m % Q * STRIDE - PADDING
+    if BIG:
+        n_img = n_img.to(tl.int64)
+    pixel = (n_img * H + h_top) * W + w_left  # may be negative in the padding: masked, never loaded
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_wn = offs_n % K_OUT  # wrapped: valid filters, never stored
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    RSC = R * S * C
+    w_rows = w_ptr + offs_wn[None, :] * RSC  # (1, BN): each filter's R*S*C taps are contiguous
+    c_chunks = tl.cdiv(C, BLOCK_SIZE_K)
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    # One flat loop over (tap, channel chunk): a single loop is what Triton software-pipelines.
+    for step in range(R * S * c_chunks):
+        tap = step // c_chunks
+        c0 = (step % c_chunks) * BLOCK_SIZE_K
+        r = tap // S
+        s = tap % S
+        h = h_top + r
+        w = w_left + s
+        inside = row_valid & (h >= 0) & (h < H) & (w >= 0) & (w < W)  # False in the padding
+        a_ptrs = (
+            x_ptr + (pixel + r * W + s)[:, None] * C + (c0 + offs_k)[None, :]
+        )  # (BM, BK), rows contiguous
+        b_ptrs = w_rows + (tap * C + c0 + offs_k)[:, None]  # (BK, BN)
+        if EVEN_C:
+            a = tl.load(a_ptrs, mask=inside[:, None], other=0.0)  # read BM x BK (L2 after the first tap)
+            b = tl.load(b_ptrs)  # read BK x BN
+        else:
+            c_valid = c0 + offs_k < C
+            a = tl.load(a_ptrs, mask=inside[:, None] & c_valid[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=c_valid[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision="ieee")  # 16-bit on the GPU; exact fp32 under the interpreter
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < K_OUT, other=0.0).to(tl.float32)[
+            None, :
+        ]  # read K_out
+    offs_ym = offs_m.to(tl.int64) if BIG else offs_m
+    y_ptrs = y_ptr + offs_ym[:, None] * K_OUT + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_valid[:, None] & (offs_n[None, :] < K_OUT))
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles wider than K_out or deeper than C (wasted lanes), and configs too big for shared memory."""
+    element_size = named_args["x_ptr"].element_size()
+    n_cap = max(16, triton.next_power_of_2(named_args["K_OUT"]))
+    k_cap = max(16, triton.next_power_of_2(named_args["C"]))
+
+    def shared_bytes(c):
+        m, n, k = c.kwargs["BLOCK_SIZE_M"], c.kwargs["BLOCK_SIZE_N"], c.kwargs["BLOCK_SIZE_K"]
+        return c.num_stages * (m * k + k * n) * element_size
+
+    fits = [c for c in configs if shared_bytes(c) <= SHARED_MEMORY_BYTES]
+    snug = [c for c in fits if c.kwargs["BLOCK_SIZE_N"] <= n_cap and c.kwargs["BLOCK_SIZE_K"] <= k_cap]
+    if snug:
+        return snug
+    smallest = min(configs, key=lambda c: c.kwargs["BLOCK_SIZE_N"] * c.kwargs["BLOCK_SIZE_K"])
+    return [triton.Config(smallest.kwargs | {"BLOCK_SIZE_N": min(smallest.kwargs["BLOCK_SIZE_N"], n_cap),
+                                             "BLOCK_SIZE_K": min(smallest.kwargs["BLOCK_SIZE_K"], k_cap)},
+                          num_stages=smallest.num_stages, num_warps=smallest.num_warps)]  # fmt: skip
+
+
+_conv_tuned = triton.autotune(
+    configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
+    key=["BATCH", "H", "W", "C", "K_OUT", "R", "S", "STRIDE", "PADDING", "HAS_BIAS", "BIG"],
+    prune_configs_by={"early_config_prune": _prune},
+    do_bench=autotune_bench,
+)(triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_SIZE_K"] == 0})(_conv_kernel))
+
+_tuned_meta: dict[tuple, dict] = {}  # as chapter 03's matmul: the autotuner chooses once per key
+
+
+def _int_pair(value, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"conv2d_nhwc: {name} must be an int (the same along H and W), got {value!r}")
+    return value
+
+
+def _check(x, w, bias, stride, padding) -> None:
+    require_device(x, "conv2d_nhwc: x")
+    require_device(w, "conv2d_nhwc: w")
+    for name, t in (("x", x), ("w", w)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"conv2d_nhwc: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+        if t.dim() != 4:
+            raise ValueError(f"conv2d_nhwc: {name} must be 4-D, got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"conv2d_nhwc: {name} must be contiguous in its (N, H, W, C) / (K_out, R, S, C) order, got "
+                f"strides {t.stride()}; NCHW x converts with x.permute(0, 2, 3, 1).contiguous()"
+            )
+    if x.dtype != w.dtype:
+        raise TypeError(f"conv2d_nhwc: x and w must share one dtype, got {x.dtype} and {w.dtype}")
+    if x.dtype == torch.bfloat16 and not on_gpu():
+        raise TypeError(f"conv2d_nhwc: {BF16_ON_CPU}")
+    if x.shape[3] != w.shape[3]:
+        raise ValueError(
+            f"conv2d_nhwc: channels differ, x (N, H, W, C) is {tuple(x.shape)} and w (K_out, R, S, C) is "
+            f"{tuple(w.shape)}; torch's (K_out, C, R, S) weights convert with weight_from_torch(w)"
+        )
+    stride, padding = _int_pair(stride, "stride"), _int_pair(padding, "padding")
+    if stride < 1 or padding < 0:
+        raise ValueError(f"conv2d_nhwc: stride must be >= 1 and padding >= 0, got {stride} and {padding}")
+    if x.shape[1] + 2 * padding < w.shape[1] or x.shape[2] + 2 * padding < w.shape[2]:
+        raise ValueError(
+            f"conv2d_nhwc: the {w.shape[1]}x{w.shape[2]} filter is larger than the padded input "
+            f"{x.shape[1] + 2 * padding}x{x.shape[2] + 2 * padding}"
+        )
+    if bias is not None:
+        require_device(bias, "conv2d_nhwc: bias")
+        if bias.shape != (w.shape[0],):
+            raise ValueError(f"conv2d_nhwc: bias must have shape ({w.shape[0]},), got {tuple(bias.shape)}")
+        if bias.dtype not in DTYPES or (bias.dtype == torch.bfloat16 and not on_gpu()):
+            raise TypeError(f"conv2d_nhwc: bias has unsupported dtype {bias.dtype}")
+    if any(t is not None and t.requires_grad for t in (x, w, bias)) and torch.is_grad_enabled():
+        raise ValueError(
+            "conv2d_nhwc: has no backward; an input requires grad (call it under torch.no_grad(), or use "
+            "torch.nn.functional.conv2d for training)"
+        )
+
+
+def conv2d_nhwc(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    stride: int = 1,
+    padding: int = 0,
+) -> torch.Tensor:
+    """2-D convolution of x (N, H, W, C) with w (K_out, R, S, C), both contiguous and of one dtype (float16,
+    bfloat16 on the GPU; float32 anywhere), plus an optional bias (K_out,). Returns y (N, P, Q, K_out)
+    contiguous (NHWC) in x's dtype, accumulated in fp32. The first call of a shape autotunes."""
+    _check(x, w, bias, stride, padding)
+    batch, H, W, C = x.shape
+    k_out, R, S, _ = w.shape
+    P, Q = output_size(H, R, stride, padding), output_size(W, S, stride, padding)
+    y = torch.empty((batch, P, Q, k_out), device=x.device, dtype=x.dtype)
+    if y.numel() == 0:
+        return y
+    if C == 0:  # no channels: an empty sum, plus the bias
+        return y.copy_((bias if bias is not None else torch.zeros(k_out, device=x.device)).expand_as(y))
+    M = batch * P * Q
+    big = max(x.numel(), w.numel(), y.numel()) + (H + W + 2) * C >= INT32_LIMIT  # margin: padded taps
+    options = {"R": R, "S": S, "STRIDE": stride, "PADDING": padding, "HAS_BIAS": bias is not None, "BIG": big}
+    args = (x, w, y if bias is None else bias.contiguous(), y, batch, H, W, C, P, Q, k_out)
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(k_out, meta["BLOCK_SIZE_N"]),)  # noqa: E731
+    key = (batch, H, W, C, k_out, x.dtype, *options.values())
+    meta = _tuned_meta.get(key)
+    if meta is not None:
+        _conv_kernel[grid(meta)](*args, **meta)  # read x, w; write y
+        return y
+    _conv_tuned[grid](*args, **options)  # the first call of a key: times every config, keeps the best
+    meta = _conv_tuned.best_config.all_kwargs() | options
+    meta["EVEN_C"] = C % meta["BLOCK_SIZE_K"] == 0
+    _tuned_meta[key] = meta
+    return y
+
+
+def tuned_config(x: torch.Tensor, w: torch.Tensor, *, stride: int = 1, padding: int = 0) -> dict | None:
+    """The launch options (tile, warps, stages) kept for this shape after a call, else None."""
+    k_out, R, S, _ = w.shape
+    for key, meta in _tuned_meta.items():
+        if key[:5] == (x.shape[0], x.shape[1], x.shape[2], x.shape[3], k_out) and key[6:10] == (
+            R,
+            S,
+            stride,
+            padding,
+        ):
+            return meta
+    return None

@@ -1,0 +1,628 @@
+"""Split-K and stream-K: the chapter 03 matmul for shapes that make too few tiles to fill the GPU.
+
+A tiled matmul gives each program one BLOCK_M x BLOCK_N tile of C and walks all of K. With M = 16, N = 4096
+and 128-wide tiles that is 32 programs for 132 SMs: a quarter of the machine does all the work, and the
+rest idles. Two ways to cut the work finer, both along K:
+
+- **split-K** ("split_k"): each tile's K range is cut into `split` chunks, one program per (tile, chunk),
+  each writing an fp32 partial sum. `deterministic=True` writes the partials to a workspace of
+  split x M x N fp32 values and a second kernel adds them in a fixed order (split 0, 1, 2, ...), so the
+  result is bitwise the same on every run; `deterministic=False` adds them with fp32 atomics into one
+  M x N workspace (zeroed first), in whatever order the programs finish, then casts it to the output dtype.
+  Extra traffic: the partials, write + read split x M x N x 4 bytes (mostly in L2 for skinny shapes).
+- **stream-K** ("stream_k"): one program per SM; the total work, tiles x K-steps, is cut into equal
+  contiguous ranges, one per program, so every SM gets the same number of K-steps whatever the tile count.
+  A range may start or end inside a tile: the program that computes a tile's *last* K-step adds the
+  partial sums of the earlier programs that covered the same tile (published in a per-program fp32 slot
+  with a flag), in K order, and stores the tile. Each program walks its range backwards, so it publishes
+  its partial tile first, and the tile it finishes comes last, when its neighbours have long published:
+  waiting is rare. The order of the additions is fixed by the shape, so stream-K is deterministic too.
+  It fixes wave quantization: 144 tiles on 132 SMs would otherwise run as two waves, the second 9% full.
+
+`matmul(kernel="auto")` keeps the chapter 03 kernels (tiled, TMA persistent) where they fill the GPU, and
+considers split-K when the tiles are fewer than the SMs and K is deep, stream-K when the last wave of tiles
+is badly filled (`auto_candidates`, a rule on tile counts, SM count and K). When the rule leaves more than
+one candidate, the first call of a shape times each once and keeps the fastest (as chapter 03's "auto").
+
+TF32: a wgmma (Hopper tensor-core) instruction takes 32-bit operands only "K-major", K contiguous in memory.
+A row-major B (K, N) is N-major, so Triton cannot feed it to wgmma as is, which is why chapter 03's TF32
+matmul runs at a fraction of cuBLAS. With `allow_tf32=True`, fp32 inputs go through the "k_major" kernel:
+B is read as B^T (N, K) with contiguous rows. A B that is already such a view (b = w.t() of a row-major
+weight, as in a linear layer) costs nothing; any other B is copied once per call (read + write 4KN bytes,
+~30 us for 4096 x 4096, counted in the timings).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from labkernels.ch03_triton import matmul as ch03
+from labkernels.ch03_triton.vector_add import BF16_ON_CPU
+from labkernels.lane import DEVICE, LANE, on_gpu, require_device
+from labkernels.timing import autotune_bench
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "k_major")
+CH03_KERNELS = ("tiled", "tma_persistent")
+SHARED_MEMORY_BYTES = ch03.SHARED_MEMORY_BYTES
+INT32_LIMIT = 2**31
+SPLIT_K_GRANULE = 256  # each split's K range is a multiple of this, so of every BLOCK_SIZE_K below
+MAX_SPLIT = 128
+REFERENCE_TILE = 128  # the tile the auto rule counts with (the common size in chapter 03's winners)
+
+
+def _config(m: int, n: int, k: int, stages: int, warps: int, group: int = 8) -> triton.Config:
+    meta = {"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": group}
+    return triton.Config(meta, num_stages=stages, num_warps=warps)
+
+
+# Split-K: skinny tiles (16 rows, for M = 16) up to 128 x 128; deep BLOCK_SIZE_K keeps many bytes in flight
+# per program where the shape is memory-bound. Tiles much larger than M or N are pruned.
+SPLIT_K_CONFIGS = [
+    _config(16, 64, 128, stages=4, warps=4),
+    _config(16, 128, 128, stages=4, warps=4),
+    _config(64, 16, 128, stages=4, warps=4),
+    _config(64, 64, 128, stages=4, warps=4),
+    _config(64, 128, 64, stages=4, warps=4),
+    _config(128, 128, 64, stages=4, warps=8),
+    _config(128, 64, 64, stages=4, warps=4),
+]
+# Stream-K: the tile sizes chapter 03's autotuner picks for mid-size shapes.
+STREAM_K_CONFIGS = [
+    _config(128, 128, 64, stages=4, warps=8),
+    _config(128, 256, 64, stages=3, warps=8),
+    _config(128, 64, 64, stages=4, warps=4),
+]
+# TF32 (fp32 operands): a stage holds twice the bytes of a 16-bit one, so BLOCK_SIZE_K 32 (128-byte rows,
+# one swizzle line) and fewer stages: 128 x 256 x 32 x 4 bytes x 3 stages = 144 KiB of shared memory.
+K_MAJOR_CONFIGS = [
+    _config(128, 256, 32, stages=3, warps=8),
+    _config(256, 128, 32, stages=3, warps=8),
+    _config(128, 128, 32, stages=4, warps=8),
+    _config(128, 128, 32, stages=5, warps=4),
+]
+CPU_CONFIGS = [_config(32, 32, 32, stages=1, warps=4, group=4)]  # one config: the interpreter never times
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in fp64, returned in fp64: the higher-precision reference of the tests."""
+    return a.double() @ b.double()  # read MK + KN, write MN
+
+
+# --- the rule ----------------------------------------------------------------------------------------------
+
+
+def _pow2_at_least(x: int, floor: int, cap: int) -> int:
+    return min(cap, max(floor, 1 << max(0, (x - 1).bit_length())))
+
+
+def split_for(m: int, n: int, k: int, sms: int) -> int:
+    """How many K chunks split-K cuts each tile into: enough (tile, chunk) programs to give every SM one,
+    with each chunk at least 2 x SPLIT_K_GRANULE deep (shallower chunks cost more in partials than they
+    save), at most MAX_SPLIT. Tiles are counted at REFERENCE_TILE, narrowed to M or N when smaller."""
+    tiles = math.ceil(m / _pow2_at_least(m, 16, REFERENCE_TILE)) * math.ceil(
+        n / _pow2_at_least(n, 16, REFERENCE_TILE)
+    )
+    return max(1, min(sms // tiles, k // (2 * SPLIT_K_GRANULE), MAX_SPLIT))
+
+
+def split_chunk(k: int, split: int) -> int:
+    """K elements per split: ceil(K / split) rounded up to SPLIT_K_GRANULE (the last chunk is shorter)."""
+    return triton.cdiv(triton.cdiv(k, split), SPLIT_K_GRANULE) * SPLIT_K_GRANULE
+
+
+def auto_candidates(
+    m: int, n: int, k: int, sms: int, dtype: torch.dtype, allow_tf32: bool = False
+) -> list[str]:
+    """The kernels "auto" considers for this shape, most promising first. "ch03" stands for chapter 03's own
+    choice between its tiled and TMA persistent kernels. Counted in REFERENCE_TILE tiles:
+    - fp32: "k_major" with TF32 (wgmma needs K-major operands), else chapter 03's kernel;
+    - fewer tiles than SMs, K deep enough for `split_for` to return >= 2: split-K fills the SMs (first when
+      the tiles fill less than a quarter of the SMs);
+    - the last wave of tiles at most half full, and few waves (< 8: a partial wave costs 1/waves or more):
+      stream-K evens the K-steps out over the SMs."""
+    if dtype == torch.float32:
+        return ["k_major"] if allow_tf32 else ["ch03"]
+    tiles = math.ceil(m / REFERENCE_TILE) * math.ceil(n / REFERENCE_TILE)
+    candidates = ["ch03"]
+    if split_for(m, n, k, sms) >= 2:
+        candidates.insert(0 if tiles * 4 <= sms else 1, "split_k")
+    last_wave = tiles % sms
+    if tiles >= sms // 2 and tiles < 8 * sms and 0 < last_wave <= sms // 2 and k >= 512:
+        candidates.insert(1 if candidates[0] == "split_k" else 0, "stream_k")
+    return candidates
+
+
+# --- the kernels -------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_coordinates(
+    tile_id, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr
+):
+    """Grouped ordering, as in chapter 03: GROUP_SIZE_M rows of tiles share columns of B while in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _dot_range(
+    a_ptr, b_ptr, pid_m, pid_n, k_lo, k_hi, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    EVEN_K: tl.constexpr, BIG: tl.constexpr,
+):  # fmt: skip
+    """The fp32 sum over K-steps [k_lo, k_hi) of one tile's products. Rows and columns past the edge wrap
+    (% M, % N: valid memory, never stored). BIG: some offset can pass 2^31, so offsets are 64-bit."""
+    offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
+    offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+    offs_k = k_lo * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    if BIG:
+        offs_am = offs_am.to(tl.int64)
+        offs_bn = offs_bn.to(tl.int64)
+        offs_k = offs_k.to(tl.int64)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak  # (BM, BK)
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn  # (BK, BN)
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(k_lo, k_hi):
+        if BIG:  # recomputed in 64 bits: BLOCK_SIZE_K x a stride may itself pass 2^31
+            kk = (k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)).to(tl.int64)
+            a_ptrs = a_ptr + offs_am[:, None] * stride_am + kk[None, :] * stride_ak
+            b_ptrs = b_ptr + kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+        if EVEN_K:
+            a = tl.load(a_ptrs)  # read BM x BK
+            b = tl.load(b_ptrs)  # read BK x BN
+        else:  # the last K-step is ragged: masked lanes load 0 and add nothing
+            k_remaining = K - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_SIZE_K)[None, :] < k_remaining, other=0.0)
+            b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_SIZE_K)[:, None] < k_remaining, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        if not BIG:
+            a_ptrs += BLOCK_SIZE_K * stride_ak
+            b_ptrs += BLOCK_SIZE_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _split_k_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, M, N, K, K_SPLIT,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    EVEN_K: tl.constexpr, BIG: tl.constexpr,
+    MODE: tl.constexpr,  # "direct": one split, store C; "partials": store ws[split]; "atomic": add into ws
+):  # fmt: skip
+    """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT)."""
+    pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    split = tl.program_id(axis=1)
+    steps_per_split = K_SPLIT // BLOCK_SIZE_K
+    k_lo = split * steps_per_split
+    k_hi = tl.minimum(k_lo + steps_per_split, tl.cdiv(K, BLOCK_SIZE_K))
+    acc = _dot_range(
+        a_ptr, b_ptr, pid_m, pid_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG,
+    )  # fmt: skip
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    if BIG:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+        split = split.to(tl.int64)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if MODE == "direct":
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
+    elif MODE == "partials":
+        ws_ptrs = ws_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask)  # write split x MN fp32
+    else:
+        tl.atomic_add(ws_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _sum_splits_kernel(ws_ptr, c_ptr, MN, SPLIT, BLOCK: tl.constexpr):
+    """C = ws[0] + ws[1] + ... in that order (bitwise reproducible), cast to C's dtype; C contiguous."""
+    offs = tl.program_id(axis=0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)  # read split x MN fp32
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
+
+
+@triton.jit
+def _stream_k_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, flags_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    EVEN_K: tl.constexpr, BIG: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(axis=0)
+    steps_per_tile = tl.cdiv(K, BLOCK_SIZE_K)
+    total = tl.cdiv(M, BLOCK_SIZE_M) * tl.cdiv(N, BLOCK_SIZE_N) * steps_per_tile
+    per_program = tl.cdiv(total, NUM_PROGRAMS)
+    start = pid * per_program
+    hi = tl.minimum(start + per_program, total)
+    slot = tl.arange(0, BLOCK_SIZE_M)[:, None] * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :]
+    while hi > start:  # backwards over this program's range, one tile segment at a time
+        tile_id = (hi - 1) // steps_per_tile
+        tile_begin = tile_id * steps_per_tile
+        lo = tl.maximum(start, tile_begin)
+        pid_m, pid_n = _tile_coordinates(tile_id, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+        acc = _dot_range(
+            a_ptr, b_ptr, pid_m, pid_n, lo - tile_begin, hi - tile_begin, M, N, K,
+            stride_am, stride_ak, stride_bk, stride_bn,
+            INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG,
+        )  # fmt: skip
+        if hi < tile_begin + steps_per_tile:  # a later program finishes this tile: publish the partial
+            tl.store(ws_ptr + pid * (BLOCK_SIZE_M * BLOCK_SIZE_N) + slot, acc)  # write BM x BN fp32
+            tl.debug_barrier()  # every thread's part of the slot is written before the flag says so
+            tl.atomic_xchg(flags_ptr + pid, 1)
+        else:
+            if lo > tile_begin:  # earlier programs hold the tile's first K-steps: add theirs, in K order
+                total_acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                for j in range(tile_begin // per_program, pid):
+                    while tl.atomic_cas(flags_ptr + j, 1, 1) != 1:
+                        pass
+                    # read BM x BN fp32 (.cg: from L2, where the other SM's stores are)
+                    total_acc += tl.load(
+                        ws_ptr + j * (BLOCK_SIZE_M * BLOCK_SIZE_N) + slot, cache_modifier=".cg"
+                    )
+                    tl.atomic_xchg(flags_ptr + j, 0)  # consumed: ready for the next launch
+                acc = total_acc + acc
+            offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+            offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+            if BIG:
+                offs_m = offs_m.to(tl.int64)
+                offs_n = offs_n.to(tl.int64)
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write BM x BN
+        hi = lo
+
+
+# --- autotuning and launching ------------------------------------------------------------------------------
+
+
+def _block_fits(configs, named_args, **kwargs):
+    """Drop tiles much taller than M or wider than N (work on wrapped rows nobody stores) and configs whose
+    pipelined tiles exceed shared memory."""
+    element_size = named_args["a_ptr"].element_size()
+    m_cap = _pow2_at_least(named_args["M"], 16, 256)
+    n_cap = _pow2_at_least(named_args["N"], 16, 256)
+
+    def shared_bytes(c):
+        m, n, k = c.kwargs["BLOCK_SIZE_M"], c.kwargs["BLOCK_SIZE_N"], c.kwargs["BLOCK_SIZE_K"]
+        return c.num_stages * (m * k + k * n) * element_size
+
+    fits = [c for c in configs if shared_bytes(c) <= SHARED_MEMORY_BYTES]
+    fits = fits or [min(configs, key=shared_bytes)]
+    snug = [c for c in fits if c.kwargs["BLOCK_SIZE_M"] <= m_cap and c.kwargs["BLOCK_SIZE_N"] <= n_cap]
+    return snug or [min(fits, key=lambda c: c.kwargs["BLOCK_SIZE_M"] * c.kwargs["BLOCK_SIZE_N"])]
+
+
+def _even_k(args: dict) -> bool:
+    return args["K"] % args["BLOCK_SIZE_K"] == 0
+
+
+def _autotuned(fn, configs, key):
+    return triton.autotune(
+        configs=configs if LANE == "gpu" else CPU_CONFIGS,
+        key=key,
+        prune_configs_by={"early_config_prune": _block_fits},
+        do_bench=autotune_bench,
+    )(triton.heuristics({"EVEN_K": _even_k})(fn))
+
+
+_split_k_tuned = _autotuned(
+    _split_k_kernel, SPLIT_K_CONFIGS, ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG"]
+)
+_k_major_tuned = _autotuned(
+    _split_k_kernel, K_MAJOR_CONFIGS, ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG"]
+)
+_stream_k_tuned = _autotuned(_stream_k_kernel, STREAM_K_CONFIGS, ["M", "N", "K", "INPUT_PRECISION", "BIG"])
+
+
+class _Tuned(NamedTuple):
+    config: triton.Config
+    meta: dict  # constexprs and launch options: the config's, the call's, EVEN_K
+
+
+# As in chapter 03: the autotuner chooses once per key; later calls launch the jitted kernel directly, which
+# spares the autotuner's per-call host work (a 1024^3 matmul takes less GPU time than that).
+_tuned: dict[tuple, _Tuned] = {}
+
+
+def _launch(key: tuple, autotuned, jitted, grid_of, args: tuple, options: dict, K: int) -> None:
+    tuned = _tuned.get(key)
+    if tuned is not None:
+        jitted[grid_of(tuned.meta)](*args, **tuned.meta)
+        return
+    autotuned[grid_of](*args, **options)  # times every config the first time, then launches the best
+    meta = autotuned.best_config.all_kwargs() | options
+    meta["EVEN_K"] = _even_k({"K": K, **meta})
+    _tuned[key] = _Tuned(autotuned.best_config, meta)
+
+
+@functools.cache
+def num_sms(device: torch.device = DEVICE) -> int:
+    """Streaming multiprocessors: persistent programs, and what the auto rule fills (4 under the interpreter,
+    so that the CPU lane's stream-K programs share tiles)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu() else 4
+
+
+_stream_k_scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _stream_k_buffers(device: torch.device, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per device and stream: a partial-tile slot (the largest config's tile) and a flag per program. Flags
+    start at 0 and every launch leaves them at 0 (each finisher resets those it consumed), so they are
+    allocated once, and graph replays stay correct. One stream runs one stream-K launch at a time."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, programs)
+    if key not in _stream_k_scratch:
+        largest = max(
+            c.kwargs["BLOCK_SIZE_M"] * c.kwargs["BLOCK_SIZE_N"] for c in STREAM_K_CONFIGS + CPU_CONFIGS
+        )
+        ws = torch.empty(programs * largest, device=device, dtype=torch.float32)
+        _stream_k_scratch[key] = (ws, torch.zeros(programs, device=device, dtype=torch.int32))
+    return _stream_k_scratch[key]
+
+
+def _span(t: torch.Tensor) -> int:
+    """1 + the largest element offset a kernel reaches in t."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
+def _tiles(M: int, N: int, meta: dict) -> int:
+    return triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
+
+
+def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> None:
+    """split == 1: one kernel storing C. Else the partials kernel and the fixed-order sum (deterministic),
+    or atomics into a zeroed fp32 workspace and a cast (not)."""
+    (M, K), N = a.shape, b.shape[1]
+    chunk = split_chunk(K, split)
+    split = triton.cdiv(K, chunk)  # rounding the chunk up may leave fewer splits
+    strides = (*a.stride(), *b.stride(), *c.stride())
+    options = {"INPUT_PRECISION": precision, "BIG": big}
+    kind = "k_major" if autotuned is _k_major_tuned else "split_k"
+    key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big)
+    grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
+    if split == 1:
+        _launch(
+            key,
+            autotuned,
+            _split_k_kernel,
+            grid,
+            (a, b, c, c, M, N, K, chunk, *strides),
+            options | {"MODE": "direct"},
+            K,
+        )
+        return
+    if key not in _tuned:  # tune on the partials mode: timing atomics would add every trial into the sum
+        ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)
+        _launch(
+            key,
+            autotuned,
+            _split_k_kernel,
+            grid,
+            (a, b, c, ws, M, N, K, chunk, *strides),
+            options | {"MODE": "partials"},
+            K,
+        )
+    meta = _tuned[key].meta
+    if deterministic:
+        ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)  # write + read split x MN x 4
+        _split_k_kernel[grid(meta)](a, b, c, ws, M, N, K, chunk, *strides, **(meta | {"MODE": "partials"}))
+        _sum(ws, c, split)
+        return
+    direct = c.dtype == torch.float32 and c.is_contiguous()
+    ws = c.zero_() if direct else torch.zeros((M, N), device=a.device, dtype=torch.float32)
+    _split_k_kernel[grid(meta)](a, b, c, ws, M, N, K, chunk, *strides, **(meta | {"MODE": "atomic"}))
+    if not direct:
+        _sum(ws, c, 1)  # the cast: read MN fp32, write MN
+
+
+def _sum(ws: torch.Tensor, c: torch.Tensor, split: int) -> None:
+    block = 1024 if on_gpu() else 4096
+    _sum_splits_kernel[(triton.cdiv(c.numel(), block),)](ws, c, c.numel(), split, BLOCK=block)
+
+
+def _run_stream_k(a, b, c, precision, big) -> None:
+    (M, K), N = a.shape, b.shape[1]
+    programs = num_sms(a.device)
+    ws, flags = _stream_k_buffers(a.device, programs)
+    args = (a, b, c, ws, flags, M, N, K, *a.stride(), *b.stride(), *c.stride())
+    options = {"INPUT_PRECISION": precision, "BIG": big, "NUM_PROGRAMS": programs}
+    key = ("stream_k", M, N, K, a.dtype, precision, big)
+    grid = lambda meta: (min(programs, _tiles(M, N, meta) * triton.cdiv(K, meta["BLOCK_SIZE_K"])),)  # noqa: E731
+    _launch(key, _stream_k_tuned, _stream_k_kernel, grid, args, options, K)
+
+
+# --- checks, choice, entry point ---------------------------------------------------------------------------
+
+
+def _check(a, b, kernel, split_k, deterministic, allow_tf32) -> None:
+    require_device(a, "matmul: a")
+    require_device(b, "matmul: b")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"matmul: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+        if t.dim() != 2:
+            raise ValueError(f"matmul: {name} must be 2-D, got shape {tuple(t.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul: a and b must share one dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"matmul: a is on {a.device} and b on {b.device}")
+    if a.dtype == torch.bfloat16 and not on_gpu():
+        raise TypeError(f"matmul: {BF16_ON_CPU}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: inner dimensions differ, a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+    if kernel not in KERNELS:
+        raise ValueError(f"matmul: kernel must be one of {KERNELS}, got {kernel!r}")
+    if split_k is not None:
+        if not isinstance(split_k, int) or isinstance(split_k, bool) or split_k < 1:
+            raise ValueError(f"matmul: split_k must be a positive int or None, got {split_k!r}")
+        if kernel not in ("auto", "split_k"):
+            raise ValueError(f"matmul: split_k applies to kernel='split_k', not kernel={kernel!r}")
+    for name, flag in (("deterministic", deterministic), ("allow_tf32", allow_tf32)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"matmul: {name} must be True or False, got {flag!r}")
+
+
+def _k_major(b: torch.Tensor) -> torch.Tensor:
+    """b (K, N) as a view whose K index is contiguous: b itself if it already is, else a copy
+    (read KN, write KN): wgmma takes 32-bit operands only with K contiguous."""
+    if b.stride(0) == 1 and (b.shape[1] == 1 or b.stride(1) >= b.shape[0]):
+        return b
+    return b.t().contiguous().t()
+
+
+_auto_choices: dict[tuple, str] = {}
+
+
+def _resolve(kernel: str, a, b, split_k, allow_tf32) -> str:
+    """The kernel that runs: a name of KERNELS other than "auto"."""
+    if kernel != "auto":
+        return kernel
+    if split_k is not None:
+        return "split_k"
+    (M, K), N = a.shape, b.shape[1]
+    key = (M, N, K, a.dtype, allow_tf32)
+    chosen = _auto_choices.get(key)
+    if chosen is None:
+        candidates = auto_candidates(M, N, K, num_sms(a.device), a.dtype, allow_tf32)
+        chosen = (
+            candidates[0]
+            if len(candidates) == 1 or not on_gpu()
+            else _time_candidates(candidates, a, b, allow_tf32)
+        )
+        _auto_choices[key] = chosen
+    return chosen
+
+
+def _time_candidates(candidates: list[str], a, b, allow_tf32) -> str:
+    """Each candidate's full call (partials and sum included) timed once, after its own tuning."""
+    medians = {}
+    for name in candidates:
+        call = functools.partial(_forward, a, b, name, None, False, allow_tf32)  # the default mode
+        call()  # tunes
+        medians[name] = autotune_bench(call)[0]
+    return min(medians, key=medians.get)
+
+
+def _ch03_kernel(a, b, allow_tf32) -> str:
+    precision = "tf32" if allow_tf32 else "ieee"
+    return ch03.tuned_config(a, b, input_precision=precision)[0]
+
+
+def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
+    (M, K), N = a.shape, b.shape[1]
+    if M == 0 or N == 0 or K == 0:  # an empty sum is 0; nothing to launch
+        return torch.zeros((M, N), device=a.device, dtype=a.dtype)
+    kernel = _resolve(kernel, a, b, split_k, allow_tf32)
+    precision = "tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee"
+    if kernel == "ch03" or kernel in CH03_KERNELS:
+        return ch03.matmul(a, b, input_precision=precision, kernel="auto" if kernel == "ch03" else kernel)
+    if precision == "tf32" or kernel == "k_major":
+        b = _k_major(b)
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    big = max(_span(a), _span(b), M * N) >= INT32_LIMIT
+    if kernel == "stream_k":
+        _run_stream_k(a, b, c, precision, big)
+        return c
+    split = 1 if kernel == "k_major" else (split_k or split_for(M, N, K, num_sms(a.device)))
+    big = big or (split > 1 and split * M * N >= INT32_LIMIT)  # the partials' workspace
+    autotuned = _k_major_tuned if kernel == "k_major" else _split_k_tuned
+    _run_split_k(a, b, c, precision, split, deterministic, big, autotuned)
+    return c
+
+
+class _Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, kernel, split_k, deterministic, allow_tf32):
+        ctx.save_for_backward(a, b)
+        ctx.options = (deterministic, allow_tf32)
+        return _forward(a, b, kernel, split_k, deterministic, allow_tf32)
+
+    @staticmethod
+    def backward(ctx, grad_c):
+        a, b = ctx.saved_tensors
+        deterministic, allow_tf32 = ctx.options
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:  # dA = dC B^T: read MN + KN, write MK
+            grad_a = _forward(grad_c, b.t(), "auto", None, deterministic, allow_tf32)
+        if ctx.needs_input_grad[1]:  # dB = A^T dC: read MK + MN, write KN
+            grad_b = _forward(a.t(), grad_c, "auto", None, deterministic, allow_tf32)
+        return grad_a, grad_b, None, None, None, None
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    kernel: str = "auto",
+    split_k: int | None = None,
+    deterministic: bool = False,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
+    """a @ b for a (M, K) and b (K, N) of one dtype (float16, bfloat16, float32), any strides; the result is
+    (M, N) in that dtype, accumulated in fp32.
+
+    kernel: "tiled" and "tma_persistent" are chapter 03's; "split_k" (split = `split_k`, or `split_for`'s
+    choice), "stream_k" and "k_major" (B read K-major) are this chapter's; "auto" picks per shape
+    (`auto_candidates`, then a one-time timing where several remain; `chosen_kernel` says which).
+    deterministic: split-K adds its partials in a fixed order (bitwise reproducible) instead of with
+    atomics. The other kernels are deterministic anyway. allow_tf32: fp32 inputs use TF32 tensor cores
+    (10-bit mantissa products, ~1e-3 relative error). Inputs that require grad get a backward
+    (dA = dC B^T, dB = A^T dC, by this same matmul)."""
+    _check(a, b, kernel, split_k, deterministic, allow_tf32)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _Matmul.apply(a, b, kernel, split_k, deterministic, allow_tf32)
+    return _forward(a, b, kernel, split_k, deterministic, allow_tf32)
+
+
+def chosen_kernel(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool = False) -> str:
+    """The kernel `matmul(a, b, kernel="auto", allow_tf32=...)` runs for this shape ("tiled",
+    "tma_persistent", "split_k", "stream_k" or "k_major"). Runs that matmul once (choosing, if first)."""
+    _check(a, b, "auto", None, False, allow_tf32)
+    matmul(a, b, allow_tf32=allow_tf32)
+    (M, K), N = a.shape, b.shape[1]
+    chosen = _auto_choices.get((M, N, K, a.dtype, allow_tf32), "tiled")
+    return _ch03_kernel(a, b, allow_tf32) if chosen == "ch03" else chosen
+
+
+def tuned_config(
+    a: torch.Tensor, b: torch.Tensor, kernel: str, *, split_k: int | None = None
+) -> triton.Config | None:
+    """The autotuner's config that `matmul(a, b, kernel=kernel)` launches (after one such call), else None."""
+    (M, K), N = a.shape, b.shape[1]
+    if kernel in CH03_KERNELS:
+        return ch03.tuned_config(a, b, kernel=kernel)[1]
+    for key, tuned in _tuned.items():
+        if (
+            key[0] == kernel
+            and key[1:4] == (M, N, K)
+            and (split_k is None or kernel != "split_k" or key[4] == split_k)
+        ):
+            return tuned.config
+    return None
