@@ -1,0 +1,239 @@
+"""Chapter 05 benchmarks (`make bench`, GPU lane): every fusion kind eager / torch.compile / hand-fused,
+in one run, with the bytes each moves (the traffic model), GB/s and the fraction of copy bandwidth.
+
+The measuring functions are plain (they return rows), so the notebook's widget calls them too; the
+`@benchmark` functions fix the sizes recorded in `labkernels/reference/`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkernels import timing, traffic
+from labkernels.bench import benchmark
+from labkernels.ch03_triton.add_relu import add_relu
+from labkernels.ch05_fusion import epilogue, horizontal, launch, pointwise, prologue, rmsnorm
+from labkernels.lane import DEVICE
+from labkernels.results import Table
+from labkernels.roofline import measure_copy_bandwidth
+from labkernels.traffic import Traffic
+
+
+def _random(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def compiled(fn, **options):
+    """A fresh torch.compile of fn: dynamo's caches are reset, so one function compiled for several
+    settings (chain lengths, sizes) never runs into the recompile limit."""
+    torch._dynamo.reset()
+    return torch.compile(fn, **options)
+
+
+def _copy_impl(t: Traffic):
+    """A device copy of as many bytes as the fused op must move: the ceiling at this size."""
+    n = max(1, t.bytes // 8)  # fp32 elements: read n, write n
+    src, dst = torch.empty(n, device=DEVICE), torch.empty(n, device=DEVICE)
+    return "copy", lambda: dst.copy_(src), traffic.copy(n)
+
+
+def fusion_rows(kind: str, params: dict, impls: list, copy_gbps: float) -> list[dict]:
+    """Time each (impl, fn, traffic); a row per impl with ms, bytes, GB/s, fraction of copy bandwidth, and the
+    speed-up over eager and the ratio to torch.compile (compile ms / ms: > 1 means faster than compile)."""
+    rows = []
+    for impl, fn, t in impls:
+        fn()  # compiles, autotunes, warms up outside the timed region
+        ms = timing.time_ms(fn)
+        gbps = timing.gbps(t.bytes, ms)
+        row = {"kind": kind, **params, "impl": impl, "ms": ms, "bytes": t.bytes, "gbps": gbps}
+        row["fraction_of_copy"] = gbps / copy_gbps
+        if t.flops and t.intensity > 10:  # matmuls: compute-bound, TFLOP/s says more
+            row["tflops"] = timing.tflops(t.flops, ms)
+        rows.append(row)
+    ms = {r["impl"]: r["ms"] for r in rows}
+    for r in rows:
+        if r["impl"] != "copy":
+            r["speedup_vs_eager"] = ms["eager"] / r["ms"]
+            r["ratio_vs_compile"] = ms["compile"] / r["ms"]
+    return rows
+
+
+def _elementwise_params(n, dtype):
+    return {"shape": str(n), "dtype": _dtype_name(dtype)}
+
+
+def add_relu_rows(n: int, copy_gbps: float, dtype=torch.float32) -> list[dict]:
+    x, y = _random(n, dtype=dtype), _random(n, dtype=dtype)
+    fused, eager = traffic.add_relu(n, dtype), traffic.add_relu(n, dtype, fused=False)
+    c = compiled(lambda x, y: torch.relu(x + y))
+    impls = [
+        ("eager", lambda: torch.relu(x + y), eager),
+        ("compile", lambda: c(x, y), fused),
+        ("labkernels", lambda: add_relu(x, y), fused),
+        _copy_impl(fused),
+    ]
+    return fusion_rows("add_relu", _elementwise_params(n, dtype), impls, copy_gbps)
+
+
+def mul_add_sigmoid_rows(n: int, copy_gbps: float, dtype=torch.float32) -> list[dict]:
+    x, a, b = (_random(n, dtype=dtype) for _ in range(3))
+    fused, eager = traffic.mul_add_sigmoid(n, dtype), traffic.mul_add_sigmoid(n, dtype, fused=False)
+    c = compiled(pointwise.reference_mul_add_sigmoid)
+    impls = [
+        ("eager", lambda: pointwise.reference_mul_add_sigmoid(x, a, b), eager),
+        ("compile", lambda: c(x, a, b), fused),
+        ("labkernels", lambda: pointwise.mul_add_sigmoid(x, a, b), fused),
+        _copy_impl(fused),
+    ]
+    return fusion_rows("mul_add_sigmoid", _elementwise_params(n, dtype), impls, copy_gbps)
+
+
+def chain_rows(
+    n_ops: int, sizes: list[int], copy_gbps: float, dtype=torch.float32, dynamic: bool = False
+) -> list[dict]:
+    """The N-op chain at each size; one compile for all sizes when dynamic=True (a symbolic size)."""
+    c = compiled(lambda x, y: pointwise.reference_chain(x, y, n_ops), dynamic=dynamic)
+    rows = []
+    for n in sizes:
+        x, y = _random(n, dtype=dtype), _random(n, dtype=dtype)
+        fused, eager = (
+            traffic.pointwise_chain(n, n_ops, dtype),
+            traffic.pointwise_chain(n, n_ops, dtype, fused=False),
+        )
+        impls = [
+            ("eager", lambda x=x, y=y: pointwise.reference_chain(x, y, n_ops), eager),
+            ("compile", lambda x=x, y=y: c(x, y), fused),
+            ("labkernels", lambda x=x, y=y: pointwise.chain(x, y, n_ops), fused),
+        ]
+        params = {"n_ops": n_ops, "n": n, "dynamic": dynamic, **_elementwise_params(n, dtype)}
+        rows += fusion_rows("chain", params, impls, copy_gbps)
+    return rows
+
+
+def chain_sweep(n_ops_list: list[int], sizes: list[int], copy_gbps: float, dtype=torch.float32) -> Table:
+    """Chain length x size: what the notebook's widget plots (one dynamic-shape compile per chain length)."""
+    return Table(r for n_ops in n_ops_list for r in chain_rows(n_ops, sizes, copy_gbps, dtype, dynamic=True))
+
+
+def rmsnorm_rows(n_rows: int, n_cols: int, copy_gbps: float, dtype=torch.bfloat16) -> list[dict]:
+    x, r = _random(n_rows, n_cols, dtype=dtype), _random(n_rows, n_cols, dtype=dtype)
+    w = _random(n_cols, dtype=dtype)
+    fused = traffic.rmsnorm_residual(n_rows, n_cols, dtype)
+    eager = traffic.rmsnorm_residual(n_rows, n_cols, dtype, fused=False)
+    c = compiled(rmsnorm.reference)
+    impls = [
+        ("eager", lambda: rmsnorm.reference(x, r, w), eager),
+        ("compile", lambda: c(x, r, w), fused),
+        ("labkernels", lambda: rmsnorm.rmsnorm_residual(x, r, w), fused),
+        _copy_impl(fused),
+    ]
+    params = {"shape": f"{n_rows}x{n_cols}", "dtype": _dtype_name(dtype)}
+    return fusion_rows("rmsnorm_residual", params, impls, copy_gbps)
+
+
+def sincos_rows(n: int, copy_gbps: float, dtype=torch.float32) -> list[dict]:
+    x = _random(n, dtype=dtype)
+    fused, eager = traffic.sincos(n, dtype), traffic.sincos(n, dtype, fused=False)
+    c = compiled(horizontal.reference)
+    impls = [
+        ("eager", lambda: horizontal.reference(x), eager),
+        ("compile", lambda: c(x), fused),
+        ("labkernels", lambda: horizontal.sincos(x), fused),
+        _copy_impl(fused),
+    ]
+    return fusion_rows("sincos", _elementwise_params(n, dtype), impls, copy_gbps)
+
+
+def epilogue_rows(m: int, n: int, k: int, copy_gbps: float, dtype=torch.bfloat16) -> list[dict]:
+    """cuBLAS + two eager kernels; compile (cuBLAS + one fused add+gelu kernel over C); the Triton matmul with
+    the epilogue in registers; and cuBLAS alone (no epilogue at all) for scale."""
+    a, b, bias = _random(m, k, dtype=dtype), _random(k, n, dtype=dtype), _random(n, dtype=dtype)
+    e = traffic.element_size(dtype)
+    mm = traffic.matmul(m, n, k, dtype)
+    fused = traffic.matmul_bias_gelu(m, n, k, dtype)
+    eager = traffic.matmul_bias_gelu(m, n, k, dtype, fused=False)
+    one_pass = Traffic(
+        "matmul+1pass", mm.bytes + (2 * m * n + n) * e, fused.flops
+    )  # compile: one pass over C
+    c = compiled(epilogue.eager)
+    impls = [
+        ("eager", lambda: epilogue.eager(a, b, bias), eager),
+        ("compile", lambda: c(a, b, bias), one_pass),
+        ("labkernels", lambda: epilogue.matmul_bias_gelu(a, b, bias), fused),
+        ("cublas, no epilogue", lambda: a @ b, mm),
+    ]
+    params = {"shape": f"{m}x{n}x{k}", "dtype": _dtype_name(dtype)}
+    return fusion_rows("matmul_bias_gelu", params, impls, copy_gbps)
+
+
+def prologue_rows(m: int, n: int, k: int, copy_gbps: float, dtype=torch.bfloat16) -> list[dict]:
+    """Eager dequantise-then-matmul; compile (the dequantisation fused into one kernel, then cuBLAS); the
+    Triton matmul dequantising in its loads; and cuBLAS on 16-bit weights (no int8 at all) for scale."""
+    a = _random(m, k, dtype=dtype)
+    w_int8, scale = prologue.quantize(_random(k, n))
+    scale = scale.to(dtype)
+    w16 = w_int8.to(dtype) * scale
+    e = traffic.element_size(dtype)
+    mm = traffic.matmul(m, n, k, dtype)
+    fused = traffic.int8_matmul(m, n, k, dtype)
+    eager = traffic.int8_matmul(m, n, k, dtype, fused=False)
+    one_pass = Traffic("dequant+matmul", k * n * (1 + e) + n * e + mm.bytes, fused.flops)
+    c = compiled(prologue.eager)
+    impls = [
+        ("eager", lambda: prologue.eager(a, w_int8, scale), eager),
+        ("compile", lambda: c(a, w_int8, scale), one_pass),
+        ("labkernels", lambda: prologue.int8_matmul(a, w_int8, scale), fused),
+        ("cublas, 16-bit weights", lambda: a @ w16, mm),
+    ]
+    params = {"shape": f"{m}x{n}x{k}", "dtype": _dtype_name(dtype)}
+    return fusion_rows("int8_matmul", params, impls, copy_gbps)
+
+
+@benchmark("ch05_fusion")
+def bench_fusion() -> list[dict]:
+    copy_gbps = measure_copy_bandwidth()
+    big = 1 << 26
+    rows = add_relu_rows(big, copy_gbps) + mul_add_sigmoid_rows(big, copy_gbps)
+    rows += chain_rows(15, [big], copy_gbps)
+    rows += [
+        {**r, "kind": "chain_sweep"} for r in chain_sweep([2, 4, 8, 15], [1 << 20, 1 << 23, big], copy_gbps)
+    ]
+    rows += rmsnorm_rows(16384, 4096, copy_gbps)
+    rows += sincos_rows(big, copy_gbps)
+    rows += epilogue_rows(4096, 4096, 4096, copy_gbps)
+    rows += prologue_rows(16, 4096, 4096, copy_gbps) + prologue_rows(4096, 4096, 4096, copy_gbps)
+    return rows
+
+
+@benchmark("ch05_launch")
+def bench_launch() -> list[dict]:
+    rows = [{"table": "per_call", **r} for r in launch.host_rows()]
+    return rows + [{"table": "breakdown", **r} for r in launch.breakdown_rows()]
+
+
+def summary(table: Table) -> Table:
+    """Per fusion kind (headline sizes): eager / compile / labkernels GB/s; labkernels vs compile and copy."""
+    out = []
+    for r in table.rows:
+        if r["impl"] != "labkernels" or r["kind"] == "chain_sweep":
+            continue
+        same = [s for s in table.rows if s["kind"] == r["kind"] and s["shape"] == r["shape"]]
+        by = {s["impl"]: s for s in same}
+        out.append(
+            {
+                "kind": r["kind"] + (f" ({r['n_ops']} ops)" if r["kind"] == "chain" else ""),
+                "shape": r["shape"],
+                "dtype": r["dtype"],
+                "eager_gbps": round(by["eager"]["gbps"]),
+                "compile_gbps": round(by["compile"]["gbps"]),
+                "labkernels_gbps": round(r["gbps"]),
+                "vs_compile": round(r["ratio_vs_compile"], 2),
+                "vs_eager": round(r["speedup_vs_eager"], 2),
+                "fraction_of_copy": round(r["fraction_of_copy"], 2),
+            }
+        )
+    return Table(out)

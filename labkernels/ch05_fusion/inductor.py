@@ -1,0 +1,156 @@
+"""Reading what torch.compile generated: capture Inductor's output code and decode its kernel names.
+
+`torch._inductor.utils.run_and_get_code(fn, *args)` runs a compiled function and returns the Python module
+Inductor wrote for it, the same text `TORCH_LOGS=output_code` prints. Its kernels are named after what they
+do and which aten ops of the original graph they fused:
+
+    triton_poi_fused_add_mul_sigmoid_0     Triton, pointwise, fused add + mul + sigmoid, kernel #0
+    triton_per_fused_add_mean_pow_..._1    Triton, persistent reduction (a whole row in one program)
+    triton_red_fused_...                   Triton, reduction with a loop over the reduced dimension
+    triton_tem_fused_mm_...                Triton template (a matmul from a template, e.g. max-autotune)
+    cpp_fused_add_mul_sigmoid_0            C++ (the CPU backend's kernels)
+    extern_kernels.mm / .addmm / .bmm      a library call (cuBLAS, oneDNN): nothing fused into it
+
+The op list in a name is the set of original aten ops (sorted, `_to_copy` is a cast), truncated by
+Inductor for very long chains; `ops_in` splits it back into op names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+KINDS = {
+    "poi": "pointwise",
+    "per": "persistent reduction",
+    "red": "reduction",
+    "tem": "template",
+    "for": "foreach",
+}
+# aten op names that contain underscores: the decoder joins their parts back together.
+MULTIWORD_OPS = (
+    "_to_copy",
+    "native_layer_norm",
+    "native_batch_norm",
+    "clamp_min",
+    "clamp_max",
+    "scalar_tensor",
+    "constant_pad_nd",
+    "masked_fill",
+    "index_put",
+    "new_zeros",
+    "full_like",
+    "zeros_like",
+    "ones_like",
+    "_softmax",
+    "_log_softmax",
+    "sigmoid_backward",
+    "gelu_backward",
+    "threshold_backward",
+    "native_dropout",
+    "mm_plus_mm",
+    "bitwise_and",
+    "bitwise_or",
+    "logical_and",
+    "logical_not",
+    "where_self",
+    "_unsafe_view",
+)
+_DEFINED = re.compile(r"^(triton_\w+|cpp_fused_\w+)\s*=\s*async_compile\.", re.MULTILINE)
+_EXTERN = re.compile(r"extern_kernels\.(\w+)\(")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a generated program, decoded from its name."""
+
+    name: str
+    backend: str  # "triton", "cpp" or "extern"
+    kind: str  # pointwise, persistent reduction, reduction, template, foreach, cpp, library call
+    ops: tuple[str, ...]  # the aten ops of the original graph it fused (from its name)
+
+
+def ops_in(fused: str) -> tuple[str, ...]:
+    """'_to_copy_add_mean_mul_pow_rsqrt' -> ('_to_copy', 'add', 'mean', 'mul', 'pow', 'rsqrt')."""
+    words, ops, i = fused.split("_"), [], 0
+    while i < len(words):
+        if words[i] == "":  # a leading underscore: the op name starts with "_"
+            words[i + 1] = "_" + words[i + 1] if i + 1 < len(words) else "_"
+            i += 1
+            continue
+        for length in (4, 3, 2):
+            candidate = "_".join(words[i : i + length])
+            if candidate in MULTIWORD_OPS:
+                ops.append(candidate)
+                i += length
+                break
+        else:
+            ops.append(words[i])
+            i += 1
+    return tuple(ops)
+
+
+def decode(name: str) -> Kernel:
+    """A Kernel from a generated kernel's name (or an `extern_kernels.<fn>` call's function name)."""
+    match = re.fullmatch(r"triton_(poi|per|red|tem|for)_(?:fused_)?(.*?)(?:_\d+)?", name)
+    if match:
+        return Kernel(name, "triton", KINDS[match.group(1)], ops_in(match.group(2)))
+    match = re.fullmatch(r"cpp_fused_(.*?)(?:_\d+)?", name)
+    if match:
+        return Kernel(name, "cpp", "cpp", ops_in(match.group(1)))
+    match = re.fullmatch(r"(?:extern_kernels\.)?(\w+)", name)
+    if match:
+        return Kernel(name, "extern", "library call", (match.group(1),))
+    raise ValueError(f"not an Inductor kernel name: {name!r}")
+
+
+def kernels(code: str) -> list[Kernel]:
+    """The kernels a generated program defines (Triton or C++), then the library calls it makes."""
+    names = list(dict.fromkeys(_DEFINED.findall(code)))
+    calls = list(dict.fromkeys(_EXTERN.findall(code)))
+    return [decode(n) for n in names] + [decode(f"extern_kernels.{c}") for c in calls]
+
+
+@dataclass
+class Captured:
+    """A compiled function's output, the code Inductor generated for it, and its kernels decoded."""
+
+    output: object
+    code: str
+    kernels: list[Kernel]
+
+    def fused_ops(self) -> list[tuple[str, ...]]:
+        """Per generated kernel (library calls excluded), the ops it fused: the same in both lanes for
+        graphs that both backends fuse alike."""
+        return [k.ops for k in self.kernels if k.backend != "extern"]
+
+    def library_calls(self) -> list[str]:
+        return [k.ops[0] for k in self.kernels if k.backend == "extern"]
+
+    def summary(self) -> str:
+        lines = []
+        for k in self.kernels:
+            lines.append(f"{k.name:48s} {k.backend:6s} {k.kind:21s} fuses: {', '.join(k.ops)}")
+        return "\n".join(lines)
+
+
+def capture(fn, *args, **compile_options) -> Captured:
+    """Compile `fn` with torch.compile(**compile_options), run it on args, and capture the generated code.
+    A fresh compile each time (dynamo's caches are reset), so the code is always produced and returned."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    output, codes = run_and_get_code(torch.compile(fn, **compile_options), *args)
+    code = "\n".join(codes)
+    return Captured(output, code, kernels(code))
+
+
+def kernel_source(code: str, name: str) -> str:
+    """The source of one generated kernel, cut from the program text (Triton's `def` or C++'s body)."""
+    start = code.find(f"{name} = async_compile.")
+    if start < 0:
+        raise KeyError(f"no kernel {name!r} in this code")
+    end = code.find("''')", start)
+    return code[start : end + 4 if end >= 0 else len(code)]

@@ -1,0 +1,204 @@
+"""Prologue fusion: int8 weights dequantised inside the matmul's loads.
+
+Weight-only quantisation stores W as int8 with one scale per output column: W ≈ W_int8 * scale. Eager
+torch first materialises the dequantised weights (`w.to(dtype) * scale`: two kernels, KN elements written
+and read again) and then runs the matmul on them. Here each tile of W crosses HBM as int8, one byte per
+element, and is converted and scaled in registers just before `tl.dot` (the *prologue* of the matmul):
+read MK + KN/e + N, write MN elements (`labkernels.traffic.int8_matmul`). When M is small (decoding one
+token per sequence) the weights are nearly all the traffic, so the matmul is memory-bound and reading half
+the bytes of a 16-bit weight (a third or less of the eager path's) is the speed-up; when M is large the
+matmul is compute-bound and the prologue saves little time.
+
+The kernel is chapter 03's tiled matmul with one change in the K loop; it is written out here so the change
+is visible.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from labkernels.ch03_triton.vector_add import BF16_ON_CPU
+from labkernels.lane import LANE, on_gpu, require_device
+from labkernels.timing import autotune_bench
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _config(m, n, k, stages, warps, group=8):
+    meta = {"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": group}
+    return triton.Config(meta, num_stages=stages, num_warps=warps)
+
+
+# Big tiles for big M (compute-bound); for small M (a decoding step: memory-bound on W), 16-row tiles with
+# long K steps, narrow enough that 4096 columns make ~128 programs for 132 SMs.
+GPU_CONFIGS = [
+    _config(128, 256, 64, 3, 8),
+    _config(128, 128, 64, 4, 8),
+    _config(16, 32, 256, 4, 4),
+    _config(16, 64, 128, 4, 4),
+]
+SMALL_M = 64  # up to this M only the 16-row configs are tried, above it only the big ones
+
+
+def _prune(configs, named_args, **kwargs):
+    """Half the configs fit a given M at all: tuning only those halves the compile time of a new shape."""
+    small = named_args["M"] <= SMALL_M
+    kept = [c for c in configs if (c.kwargs["BLOCK_SIZE_M"] <= 32) == small]
+    return kept or configs
+
+
+CPU_CONFIGS = [_config(32, 32, 32, 1, 4, group=4)]
+
+
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-column int8: (w_int8 (K, N), scale (N,)) with w ≈ w_int8 * scale."""
+    scale = w.abs().amax(dim=0).clamp(min=1e-8) / 127.0
+    w_int8 = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+    return w_int8, scale.to(w.dtype)
+
+
+def reference(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """In fp64: the higher-precision reference for the tests."""
+    return a.double() @ (w_int8.double() * scale.double())
+
+
+def eager(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    w = w_int8.to(a.dtype) * scale  # read KN int8, write KN; read KN + N, write KN
+    return a @ w  # read MK + KN, write MN
+
+
+@triton.jit
+def _int8_matmul_kernel(
+    a_ptr,
+    w_ptr,
+    scale_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_wk,
+    stride_wn,
+    stride_cm,
+    stride_cn,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M  # wrapped rows: valid, never stored
+    offs_wn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_wn[None, :] * stride_wn
+    scale = tl.load(scale_ptr + offs_wn).to(tl.float32)  # read N, once per program
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)  # read BM x BK
+            w = tl.load(w_ptrs)  # read BK x BN int8: half the bytes of a 16-bit weight
+        else:
+            k_remaining = K - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
+            w = tl.load(w_ptrs, mask=offs_k[:, None] < k_remaining, other=0)
+        # The prologue: dequantise in registers, rounded to a's dtype as `w.to(dtype) * scale` would be.
+        b = (w.to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        w_ptrs += BLOCK_SIZE_K * stride_wk
+
+    offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
+
+
+def _even_k(args: dict) -> bool:
+    return args["K"] % args["BLOCK_SIZE_K"] == 0
+
+
+_int8_matmul_tuned = triton.autotune(
+    configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
+    key=["M", "N", "K", "INPUT_PRECISION"],
+    prune_configs_by={"early_config_prune": _prune},
+    do_bench=autotune_bench,
+)(triton.heuristics({"EVEN_K": _even_k})(_int8_matmul_kernel))
+
+# The winner per key, with its grid: after the first call a launch goes straight to the jitted kernel,
+# without the autotuner's per-call bookkeeping on the host.
+_tuned: dict[tuple, tuple[tuple, dict]] = {}
+
+
+def _check(a, w_int8, scale, input_precision) -> None:
+    require_device(a, "int8_matmul: a")
+    require_device(w_int8, "int8_matmul: w_int8")
+    require_device(scale, "int8_matmul: scale")
+    if a.dtype not in DTYPES:
+        raise TypeError(f"int8_matmul: a has dtype {a.dtype}; supported: float16, bfloat16, float32")
+    if a.dtype == torch.bfloat16 and not on_gpu():
+        raise TypeError(f"int8_matmul: {BF16_ON_CPU}")
+    if w_int8.dtype != torch.int8:
+        raise TypeError(f"int8_matmul: w_int8 must be torch.int8, got {w_int8.dtype} (see quantize())")
+    if scale.dtype != a.dtype:
+        raise TypeError(f"int8_matmul: scale is {scale.dtype} but a is {a.dtype}; pass one dtype")
+    if a.dim() != 2 or w_int8.dim() != 2:
+        raise ValueError(
+            f"int8_matmul: a and w_int8 must be 2-D, got {tuple(a.shape)} and {tuple(w_int8.shape)}"
+        )
+    if a.shape[1] != w_int8.shape[0]:
+        raise ValueError(f"int8_matmul: inner dimensions differ, a {tuple(a.shape)}, w {tuple(w_int8.shape)}")
+    if scale.shape != (w_int8.shape[1],):
+        raise ValueError(f"int8_matmul: scale must have shape ({w_int8.shape[1]},), got {tuple(scale.shape)}")
+    if a.numel() == 0 or w_int8.numel() == 0:
+        raise ValueError(f"int8_matmul: empty operand, a {tuple(a.shape)}, w {tuple(w_int8.shape)}")
+    if input_precision not in ("ieee", "tf32"):
+        raise ValueError(f"int8_matmul: input_precision must be 'ieee' or 'tf32', got {input_precision!r}")
+    if torch.is_grad_enabled() and (a.requires_grad or scale.requires_grad):
+        raise RuntimeError(
+            "int8_matmul: inputs require grad, but this fused kernel has no backward; call it under "
+            "torch.no_grad() or use `eager` for training"
+        )
+
+
+def int8_matmul(
+    a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *, input_precision: str = "ieee"
+) -> torch.Tensor:
+    """a @ (w_int8 * scale) with the dequantisation fused into the loads; a (M, K) float, w_int8 (K, N) int8,
+    scale (N,) in a's dtype; any strides. Result (M, N) in a's dtype, accumulated in fp32."""
+    _check(a, w_int8, scale, input_precision)
+    (M, K), N = a.shape, w_int8.shape[1]
+    scale = scale.contiguous()
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
+    args = (a, w_int8, scale, c, M, N, K, *a.stride(), *w_int8.stride(), *c.stride())
+    key = (M, N, K, a.dtype, precision)
+    tuned = _tuned.get(key)
+    if tuned is not None:
+        grid, meta = tuned
+        _int8_matmul_kernel[grid](*args, INPUT_PRECISION=precision, **meta)
+        return c
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"]),)
+
+    _int8_matmul_tuned[grid](*args, INPUT_PRECISION=precision)
+    meta = _int8_matmul_tuned.best_config.all_kwargs()
+    meta["EVEN_K"] = _even_k({"K": K, **meta})
+    _tuned[key] = (grid(meta), meta)
+    return c

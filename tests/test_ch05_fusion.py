@@ -1,0 +1,308 @@
+"""Chapter 05 kernels: correctness against higher-precision references, weird shapes, poisoned outputs, bad
+inputs, the traffic formulas, and the Inductor decoder. One small torch.compile (CPU lane: ~20 s cold)."""
+
+import pytest
+import torch
+
+import labkernels
+from labkernels import traffic
+from labkernels.ch05_fusion import epilogue, horizontal, inductor, pointwise, prologue, rmsnorm
+
+DEVICE = labkernels.DEVICE
+gpu = pytest.mark.skipif(not labkernels.on_gpu(), reason="needs the GPU lane")
+cpu_lane = pytest.mark.skipif(labkernels.on_gpu(), reason="CPU-lane behaviour (the interpreter)")
+LANE_DTYPES = [torch.float32, torch.float16] + [pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])]
+
+# (atol, rtol) against an fp64 reference: fp32 computes in fp32; 16-bit outputs are rounded once (pointwise)
+# or after an fp32 reduction over a row (rmsnorm; its h is rounded before it is normalised, as torch's is).
+POINTWISE_TOL = {torch.float32: (1e-6, 1e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 8e-3)}
+# sin and cos of arguments up to ~40: the GPU's sin/cos (range reduction, then a polynomial) may differ from
+# torch's by a few fp32 ulps of the argument's reduction, more than an fp32 rounding of the result
+SINCOS_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 8e-3)}
+RMSNORM_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (8e-3, 8e-3), torch.bfloat16: (6e-2, 3e-2)}
+SIZES = [1, 1000, 16385 + 7]
+
+
+def _randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def _close(actual, expected, tol):
+    atol, rtol = tol
+    assert not actual.isnan().any(), "NaN in the output (unwritten elements?)"
+    torch.testing.assert_close(actual.double(), expected.double(), atol=atol, rtol=rtol)
+
+
+# --- pointwise ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_mul_add_sigmoid(n, dtype):
+    x, a, b = (_randn(n, dtype=dtype) for _ in range(3))
+    out = torch.full((n,), float("nan"), device=DEVICE, dtype=dtype)
+    assert pointwise.mul_add_sigmoid(x, a, b, out) is out
+    expected = pointwise.reference_mul_add_sigmoid(x.double(), a.double(), b.double())
+    _close(out, expected, POINTWISE_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("n_ops", [1, 2, 3, 5, 15])
+def test_chain(n_ops, dtype):
+    n = 16385 + 7
+    x, y = _randn(n, dtype=dtype), _randn(n, dtype=dtype)
+    out = torch.full((n,), float("nan"), device=DEVICE, dtype=dtype)
+    pointwise.chain(x, y, n_ops, out)
+    _close(out, pointwise.reference_chain(x.double(), y.double(), n_ops), POINTWISE_TOL[dtype])
+
+
+def test_chain_of_two_is_add_relu_and_2d_and_in_place():
+    x, y = _randn(33, 71), _randn(33, 71)
+    expected = torch.relu(x + y)
+    torch.testing.assert_close(pointwise.chain(x, y, 2), expected, atol=0, rtol=0)
+    pointwise.chain(x, y, 2, out=x)  # exact aliasing is allowed
+    torch.testing.assert_close(x, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, y, **kw: pointwise.chain(x, y, 4, **kw),
+        lambda x, y, **kw: pointwise.mul_add_sigmoid(x, y, y, **kw),
+    ],
+)
+def test_pointwise_bad_inputs(fn):
+    x = _randn(10)
+    with pytest.raises(TypeError, match="dtype"):
+        fn(x.int(), x.int())
+    with pytest.raises(ValueError, match="shapes differ"):
+        fn(x, _randn(11))
+    with pytest.raises(ValueError, match="not contiguous"):
+        m = _randn(4, 6)
+        fn(m.t(), m.t())
+    assert fn(x[:0], x[:0]).shape == (0,)  # empty in, empty out, nothing launched
+    with pytest.raises(ValueError, match="overlaps"):
+        buf = _randn(20)
+        fn(buf[:10], buf[:10], out=buf[5:15])
+    with pytest.raises(RuntimeError, match="require grad"):
+        fn(x.clone().requires_grad_(), x)
+
+
+def test_chain_n_ops_checked():
+    x = _randn(10)
+    for bad in (0, 65, 2.0, True):
+        with pytest.raises(ValueError, match="n_ops"):
+            pointwise.chain(x, x, bad)
+
+
+@cpu_lane
+def test_bf16_refused_on_cpu_lane():
+    x = _randn(10).bfloat16()
+    with pytest.raises(TypeError, match="interpreter"):
+        pointwise.chain(x, x, 3)
+    with pytest.raises(TypeError, match="interpreter"):
+        rmsnorm.rmsnorm_residual(x[None], x[None], x)
+
+
+# --- RMSNorm + residual -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 33), (37, 1000), (3, 4096), (130, 781)])
+def test_rmsnorm_residual(shape, dtype):
+    x, r = _randn(*shape, dtype=dtype), _randn(*shape, dtype=dtype)
+    w = (1 + 0.1 * _randn(shape[1])).to(dtype)
+    y, h = rmsnorm.rmsnorm_residual(x, r, w)
+    y_ref, h_ref = rmsnorm.reference(x.double(), r.double(), w.double())
+    _close(h, h_ref, POINTWISE_TOL[dtype])
+    _close(y, y_ref, RMSNORM_TOL[dtype])
+
+
+def test_rmsnorm_residual_strided_rows_and_unaligned():
+    wide = _randn(40, 1100)
+    x, r = wide[:, :1000], _randn(40, 1001)[:, 1:]  # row strides of 1100 and 1001; r starts 4 bytes in
+    w = _randn(1000)
+    y, h = rmsnorm.rmsnorm_residual(x, r, w)
+    y_ref, h_ref = rmsnorm.reference(x.double(), r.double(), w.double())
+    _close(h, h_ref, POINTWISE_TOL[torch.float32])
+    _close(y, y_ref, RMSNORM_TOL[torch.float32])
+    assert rmsnorm._vector_width(1000, x, r, w) == 1
+    assert rmsnorm._vector_width(1000, _randn(3, 1000), w) == 4
+
+
+def test_rmsnorm_residual_backward():
+    shape = (7, 33)
+    x, r, w = _randn(*shape), _randn(*shape), _randn(shape[1])
+    dy, dh = _randn(*shape), _randn(*shape)
+    grads = []
+    for fn in (rmsnorm.rmsnorm_residual, rmsnorm.reference):
+        leaves = [
+            t.double().requires_grad_() if fn is rmsnorm.reference else t.clone().requires_grad_()
+            for t in (x, r, w)
+        ]
+        y, h = fn(*leaves)
+        torch.autograd.backward((y, h), (dy.to(y.dtype), dh.to(h.dtype)))
+        grads.append([t.grad.double() for t in leaves])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_rmsnorm_residual_bad_inputs():
+    x, w = _randn(4, 8), _randn(8)
+    with pytest.raises(TypeError, match="one dtype"):
+        rmsnorm.rmsnorm_residual(x, x.half(), w)
+    with pytest.raises(ValueError, match="2-D"):
+        rmsnorm.rmsnorm_residual(x[0], x[0], w)
+    with pytest.raises(ValueError, match="residual is"):
+        rmsnorm.rmsnorm_residual(x, x[:3], w)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        rmsnorm.rmsnorm_residual(x, x, w[:7])
+    with pytest.raises(ValueError, match="not contiguous"):
+        rmsnorm.rmsnorm_residual(x.t(), x.t(), _randn(4))
+    with pytest.raises(ValueError, match="eps"):
+        rmsnorm.rmsnorm_residual(x, x, w, eps=0.0)
+    with pytest.raises(ValueError, match="empty"):
+        rmsnorm.rmsnorm_residual(x[:0], x[:0], w)
+
+
+# --- epilogue, prologue, horizontal -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+def test_matmul_bias_gelu(dtype):
+    m, n, k = 97, 130, 75
+    a, b, bias = _randn(m, k, dtype=dtype), _randn(k, n, dtype=dtype), _randn(n, dtype=dtype)
+    got = epilogue.matmul_bias_gelu(a, b, bias)
+    exact = epilogue.reference(a, b, bias)
+    # one unit in the last place of the largest output: rounding the fp32 accumulator to dtype costs half
+    # of one, the accumulation (fp32, K = 75) far less; a lost K step or a missing bias costs far more
+    ulp = torch.finfo(dtype).eps * exact.abs().max().item()
+    assert (got.double() - exact).abs().max().item() <= ulp + 1e-4
+
+
+def test_matmul_bias_gelu_refuses_grad_and_mixed_dtypes():
+    a, b, bias = _randn(8, 8), _randn(8, 8), _randn(8)
+    with pytest.raises(RuntimeError, match="require grad"):
+        epilogue.matmul_bias_gelu(a.requires_grad_(), b, bias)
+    with pytest.raises(TypeError, match="bias is"):
+        epilogue.matmul_bias_gelu(_randn(8, 8), b, bias.half())
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("mnk", [(16, 130, 75), (97, 61, 200)])
+def test_int8_matmul(mnk, dtype):
+    m, n, k = mnk
+    a = _randn(m, k, dtype=dtype)
+    w_int8, scale = prologue.quantize(_randn(k, n))
+    scale = scale.to(dtype)
+    got = prologue.int8_matmul(a, w_int8, scale)
+    exact = prologue.reference(a, w_int8, scale)
+    # the weights are dequantised in `dtype`, as eager's w.to(dtype) * scale is: that rounding's effect,
+    # measured with an fp32 matmul, plus one unit in the last place of the largest output
+    dequantised = (w_int8.to(dtype) * scale).double()
+    dequant_err = (a.double() @ dequantised - exact).abs().max().item()
+    ulp = torch.finfo(dtype).eps * exact.abs().max().item()
+    assert (got.double() - exact).abs().max().item() <= dequant_err + ulp + 1e-4
+    assert torch.equal(got, prologue.int8_matmul(a, w_int8, scale))  # the cached launch: same result
+
+
+def test_int8_matmul_strided_and_bad_inputs():
+    a = _randn(40, 100)[:, :64]
+    w_int8, scale = prologue.quantize(_randn(64, 48))
+    got = prologue.int8_matmul(a, w_int8.t().contiguous().t(), scale)  # column-major weights
+    torch.testing.assert_close(got.double(), prologue.reference(a, w_int8, scale), atol=1e-4, rtol=1e-4)
+    with pytest.raises(TypeError, match="int8"):
+        prologue.int8_matmul(a, w_int8.float(), scale)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        prologue.int8_matmul(_randn(4, 5), w_int8, scale)
+    with pytest.raises(ValueError, match="scale must have shape"):
+        prologue.int8_matmul(a, w_int8, scale[:5])
+    with pytest.raises(RuntimeError, match="require grad"):
+        prologue.int8_matmul(a.clone().requires_grad_(), w_int8, scale)
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_sincos(n, dtype):
+    x = (_randn(n) * 10).to(dtype)
+    sin, cos = horizontal.sincos(x)
+    want_sin, want_cos = horizontal.reference(x.double())
+    _close(sin, want_sin, SINCOS_TOL[dtype])
+    _close(cos, want_cos, SINCOS_TOL[dtype])
+
+
+# --- traffic ------------------------------------------------------------------------------------------------
+
+
+def test_traffic_formulas():
+    n = 1000
+    assert (
+        traffic.pointwise_chain(n, 2, fused=False).bytes
+        == traffic.add_relu(n, fused=False).bytes
+        == 5 * n * 4
+    )
+    assert traffic.pointwise_chain(n, 15, fused=False).bytes == 31 * n * 4
+    assert traffic.pointwise_chain(n, 15).bytes == 3 * n * 4
+    assert traffic.mul_add_sigmoid(n, torch.float16, fused=False).bytes == 8 * n * 2
+    assert traffic.sincos(n).bytes == 3 * n * 4 and traffic.sincos(n, fused=False).bytes == 4 * n * 4
+    m, c = 16, 64
+    assert traffic.rmsnorm_residual(m, c, torch.bfloat16).bytes == (4 * m * c + c) * 2
+    # fp32: no cast kernels; add 3, pow 2, mean 1 (+M), eps/rsqrt 4M, *rstd 2 (+M), *w 2 (+N) passes of MN
+    assert traffic.rmsnorm_residual(m, c, fused=False).bytes == (10 * m * c + 6 * m + c) * 4
+    mm = traffic.matmul(64, 32, 16, torch.bfloat16).bytes
+    assert traffic.matmul_bias_gelu(64, 32, 16, torch.bfloat16).bytes == mm + 32 * 2
+    assert (
+        traffic.matmul_bias_gelu(64, 32, 16, torch.bfloat16, fused=False).bytes == mm + (4 * 64 * 32 + 32) * 2
+    )
+    assert traffic.int8_matmul(16, 32, 64, torch.bfloat16).bytes == (16 * 64 + 32 + 16 * 32) * 2 + 64 * 32
+    with pytest.raises(ValueError):
+        traffic.pointwise_chain(n, 0)
+
+
+# --- Inductor -----------------------------------------------------------------------------------------------
+
+
+def test_decode_kernel_names():
+    k = inductor.decode("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_1")
+    assert (k.backend, k.kind) == ("triton", "persistent reduction")
+    assert k.ops == ("_to_copy", "add", "mean", "mul", "pow", "rsqrt")
+    assert inductor.decode("triton_red_fused_native_layer_norm_0").ops == ("native_layer_norm",)
+    assert inductor.decode("triton_poi_fused_add_mul_sigmoid_0").kind == "pointwise"
+    assert inductor.decode("triton_tem_fused_addmm_gelu_0").kind == "template"
+    assert inductor.decode("cpp_fused_add_gelu_3").ops == ("add", "gelu")
+    assert inductor.decode("extern_kernels.mm").kind == "library call"
+    code = "triton_poi_fused_add_0 = async_compile.triton('x')\nextern_kernels.mm(a, b, out=c)\n"
+    assert [k.name for k in inductor.kernels(code)] == ["triton_poi_fused_add_0", "extern_kernels.mm"]
+    with pytest.raises(ValueError):
+        inductor.decode("not a kernel!")
+
+
+def test_capture_fuses_mul_add_sigmoid_into_one_kernel():
+    x = _randn(256)
+    captured = inductor.capture(pointwise.reference_mul_add_sigmoid, x, x * 2, x + 1)
+    assert captured.fused_ops() == [("add", "mul", "sigmoid")]
+    assert captured.library_calls() == []
+    torch.testing.assert_close(captured.output, pointwise.reference_mul_add_sigmoid(x, x * 2, x + 1))
+
+
+# --- GPU only -----------------------------------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.gpu
+def test_chain_registers_do_not_grow_with_length():
+    regs_2, spills_2 = pointwise.chain_registers(2)
+    regs_15, spills_15 = pointwise.chain_registers(15)
+    assert spills_2 == spills_15 == 0
+    assert regs_15 <= regs_2 + 16
+
+
+@gpu
+@pytest.mark.gpu
+def test_rmsnorm_residual_large_rows_bf16():
+    x, r = _randn(64, 4096, dtype=torch.bfloat16), _randn(64, 4096, dtype=torch.bfloat16)
+    w = _randn(4096, dtype=torch.bfloat16)
+    y, h = rmsnorm.rmsnorm_residual(x, r, w)
+    y_ref, h_ref = rmsnorm.reference(x.double(), r.double(), w.double())
+    _close(y, y_ref, RMSNORM_TOL[torch.bfloat16])
+    _close(h, h_ref, POINTWISE_TOL[torch.bfloat16])
