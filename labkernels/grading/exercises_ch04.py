@@ -1,0 +1,314 @@
+"""Chapter 04 exercises: the roofline verdict and best-case time of GEMMs and convolutions, the split-K
+partial-sum reduction, the implicit-GEMM index of a filter tap, and choosing cuDNN/cuBLAS settings.
+
+Shapes are drawn at grading time; K is odd where a split must not divide it. The closed forms the answers
+are checked against live here, in the grader, not in the package the learner imports.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from labkernels import timing
+from labkernels.grading.core import CaseFailed, exercise
+from labkernels.lane import LANE
+
+# --- 4.1: compute- or memory-bound, and the best-case time -------------------------------------------------
+
+
+def _op_traffic(op: dict) -> tuple[int, int]:
+    """(bytes, FLOPs) that at best move and run: inputs read once, output written once."""
+    es = op["dtype_bytes"]
+    if op["kind"] == "gemm":
+        m, n, k = op["m"], op["n"], op["k"]
+        return es * (m * k + k * n + m * n), 2 * m * n * k
+    r, stride, pad = op["kernel"], op["stride"], op["padding"]
+    p = (op["height"] + 2 * pad - r) // stride + 1
+    q = (op["width"] + 2 * pad - r) // stride + 1
+    b, c, oc = op["batch"], op["channels"], op["out_channels"]
+    nbytes = es * (b * c * op["height"] * op["width"] + oc * c * r * r + b * oc * p * q)
+    return nbytes, 2 * b * p * q * oc * c * r * r
+
+
+def _closed_form(op: dict, bandwidth_gbps: float, peak_tflops: float) -> tuple[str, float]:
+    nbytes, flops = _op_traffic(op)
+    memory_ms, compute_ms = nbytes / (bandwidth_gbps * 1e6), flops / (peak_tflops * 1e9)
+    return ("compute" if compute_ms >= memory_ms else "memory"), max(memory_ms, compute_ms)
+
+
+def _check_prediction(g, student, op: dict, bandwidth: float, peak: float) -> None:
+    want_bound, want_ms = _closed_form(op, bandwidth, peak)
+    got = student(dict(op), bandwidth, peak)
+    g.expect(isinstance(got, tuple | list) and len(got) == 2, f"return (bound, ms), got {got!r}")
+    bound, ms = got
+    g.expect(bound == want_bound, f"{op}: {bound!r} is wrong at {bandwidth:.0f} GB/s, {peak:.0f} TFLOP/s")
+    g.expect(
+        isinstance(ms, int | float) and math.isclose(ms, want_ms, rel_tol=1e-6),
+        f"{op}: best-case time {ms!r} ms, expected {want_ms:.6g} ms",
+    )
+
+
+def _gemm_op(g, m, n, k) -> dict:
+    return {"kind": "gemm", "m": m, "n": n, "k": k, "dtype_bytes": g.choice([2, 4])}
+
+
+def _machines(g):
+    """A few (bandwidth GB/s, peak TFLOP/s) pairs: an H200-like one in bf16 and in fp32, and random ones."""
+    yield 4200.0, 700.0
+    yield 4200.0, 51.0
+    for _ in range(3):
+        yield float(g.randint(100, 8000)), float(g.randint(1, 2000))
+
+
+@exercise("4.1", "Compute- or memory-bound, and the best-case time", points=3, speed_points=1, timeout_s=120)
+def _grade_4_1(student, g):
+    # student(op: dict, bandwidth_gbps, peak_tflops) -> ("compute" | "memory", best-case ms)
+    with g.case("GEMMs: squares, the seed's M=100 K=10, and random shapes", points=1):
+        ops = [_gemm_op(g, 4096, 4096, 4096), _gemm_op(g, 100, 4096, 10)]
+        ops += [_gemm_op(g, g.randint(1, 9000), g.randint(1, 9000), g.randint(1, 9000)) for _ in range(6)]
+        for bandwidth, peak in _machines(g):
+            for op in ops:
+                _check_prediction(g, student, op, bandwidth, peak)
+    with g.case("skinny GEMMs: M, N ≫ K and K ≫ M, N", points=1):
+        for bandwidth, peak in _machines(g):
+            for _ in range(4):
+                big, small = g.randint(2000, 60000), g.randint(1, 64)
+                _check_prediction(
+                    g, student, _gemm_op(g, big, big + g.randint(0, 99), small), bandwidth, peak
+                )
+                _check_prediction(g, student, _gemm_op(g, small, small + 3, big), bandwidth, peak)
+    with g.case("convolutions with stride and padding (an implicit GEMM)", points=1):
+        for bandwidth, peak in _machines(g):
+            for _ in range(6):
+                kernel = g.choice([1, 3, 5, 7])
+                op = {"kind": "conv", "batch": g.randint(1, 64), "channels": g.randint(1, 512)}
+                op |= {"height": g.randint(kernel, 120), "width": g.randint(kernel, 120)}
+                op |= {"out_channels": g.randint(1, 512), "kernel": kernel, "stride": g.randint(1, 3)}
+                op |= {"padding": g.randint(0, kernel // 2), "dtype_bytes": g.choice([2, 4])}
+                _check_prediction(g, student, op, bandwidth, peak)
+    with g.case(
+        "on this GPU: your best-case times bound cuBLAS's measured times from below", points=1, gpu_only=True
+    ):
+        from labkernels.roofline import measure_matmul_peak
+
+        bandwidth, peak = g.copy_bandwidth(), measure_matmul_peak(torch.bfloat16)
+        for m, n, k in [(8192, 8192, 16), (8192, 8192, 8192), (100, 4096, 10), (3000, 5000, 1000)]:
+            op = {"kind": "gemm", "m": m, "n": n, "k": k, "dtype_bytes": 2}
+            bound, ms = student(dict(op), bandwidth, peak)
+            a, b = g.randn(m, k, dtype=torch.bfloat16), g.randn(k, n, dtype=torch.bfloat16)
+            measured = timing.time_ms(lambda a=a, b=b: a @ b)
+            g.expect(
+                ms <= 1.1 * measured, f"{m}x{n}x{k}: you predict {ms:.4f} ms, cuBLAS took {measured:.4f}"
+            )
+            g.expect(bound == _closed_form(op, bandwidth, peak)[0], f"{m}x{n}x{k}: wrong verdict {bound!r}")
+
+
+# --- 4.2: split-K ------------------------------------------------------------------------------------------
+
+
+def _odd(g, low: int, high: int) -> int:
+    n = g.randint(low, high)
+    return n if n % 2 else n + 1
+
+
+def _fold(partials: torch.Tensor) -> torch.Tensor:
+    total = partials[0].clone()
+    for p in partials[1:]:  # s = 1, 2, ... in order: the order fixes every rounding
+        total = total + p
+    return total
+
+
+@exercise("4.2", "Split-K: partial products and their fixed-order reduction", points=4, timeout_s=120)
+def _grade_4_2(student, g):
+    # student(a, b, splits) -> (partials (splits, M, N) float32, c (M, N) float32)
+    def one(m, n, k, splits, dtype):
+        a, b = g.randn(m, k, dtype=dtype), g.randn(k, n, dtype=dtype)
+        got = student(a, b, splits)
+        if not (isinstance(got, tuple | list) and len(got) == 2):
+            raise CaseFailed(f"return (partials, c), got {type(got).__name__}")
+        partials, c = got
+        g.expect(isinstance(partials, torch.Tensor), "partials must be a tensor")
+        g.expect(tuple(partials.shape) == (splits, m, n), f"partials shape {tuple(partials.shape)}")
+        g.expect(partials.dtype == torch.float32 and c.dtype == torch.float32, "accumulate in float32")
+        chunk = -(-k // splits)
+        for s in range(splits):
+            ks = slice(s * chunk, min(k, (s + 1) * chunk))
+            want = a[:, ks].double() @ b[ks, :].double()
+            g.check_close(partials[s], want, atol=1e-3 * math.sqrt(chunk + 1), rtol=1e-3)
+        g.check_close(c, a.double() @ b.double(), atol=2e-3 * math.sqrt(k), rtol=1e-3)
+        g.expect(
+            torch.equal(c.cpu(), _fold(partials.cpu())),
+            "c is not the partials summed in order s = 0, 1, 2, ...: not bitwise reproducible",
+        )
+
+    with g.case("odd K that the split does not divide", points=1):
+        one(g.randint(3, 70), g.randint(3, 70), _odd(g, 101, 999), g.choice([2, 4, 6, 8]), torch.float32)
+    with g.case("more splits than fit: some chunks are shorter (or empty)", points=1):
+        k = _odd(g, 3, 15)
+        one(g.randint(3, 40), g.randint(3, 40), k, k + g.randint(1, 5), torch.float32)
+    with g.case("float16 inputs, float32 partials", points=1):
+        one(g.randint(3, 70), g.randint(3, 70), _odd(g, 101, 999), 3, torch.float16)
+    with g.case("one split is a plain matmul", points=1):
+        one(g.randint(3, 70), g.randint(3, 70), _odd(g, 11, 99), 1, torch.float32)
+
+
+# --- 4.3: implicit GEMM index math -------------------------------------------------------------------------
+
+
+def _tap_table(batch, height, width, channels, r, stride, padding) -> torch.Tensor:
+    """For every (n, c·R·S + r·S + s, p·Q + q): the flat NHWC offset of the input element that filter tap
+    reads, or -1 where it reads padding. Built by torch's unfold on a tensor holding its own offsets."""
+    offsets = torch.arange(batch * height * width * channels, dtype=torch.float64)
+    x = offsets.view(batch, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
+    padded = torch.nn.functional.pad(x, (padding,) * 4, value=-1.0)
+    return torch.nn.functional.unfold(padded, r, stride=stride).long()
+
+
+@exercise("4.3", "Implicit GEMM: the NHWC input offset of a filter tap", points=3, timeout_s=60)
+def _grade_4_3(student, g):
+    # student(n, p, q, r, s, c, H, W, C, stride, padding) -> flat offset into NHWC input, or -1 for padding
+    def shape_cases(count, padding_max, stride_max):
+        for _ in range(count):
+            kernel = g.choice([1, 3, 5])
+            padding, stride = g.randint(0, padding_max), g.randint(1, stride_max)
+            batch, channels = g.randint(1, 3), g.randint(1, 7)
+            height, width = g.randint(kernel, 13), g.randint(kernel, 13)
+            if height + 2 * padding < kernel or width + 2 * padding < kernel:
+                continue
+            yield batch, height, width, channels, kernel, stride, padding
+
+    def check_all(batch, height, width, channels, kernel, stride, padding):
+        table = _tap_table(batch, height, width, channels, kernel, stride, padding)
+        out_w = (width + 2 * padding - kernel) // stride + 1
+        for _ in range(60):
+            n, col = g.randint(0, batch - 1), g.randint(0, table.shape[2] - 1)
+            row = g.randint(0, table.shape[1] - 1)
+            c, rs = divmod(row, kernel * kernel)
+            r, s = divmod(rs, kernel)
+            p, q = divmod(col, out_w)
+            got = student(n, p, q, r, s, c, height, width, channels, stride, padding)
+            want = int(table[n, row, col])
+            g.expect(
+                got == want,
+                f"H={height} W={width} C={channels} R=S={kernel} stride={stride} padding={padding}: "
+                f"tap (n={n}, p={p}, q={q}, r={r}, s={s}, c={c}) gave {got}, expected {want}",
+            )
+
+    with g.case("stride 1, no padding", points=1):
+        for shape in shape_cases(6, 0, 1):
+            check_all(*shape)
+    with g.case("padding: taps outside the image read nothing (-1)", points=1):
+        for shape in shape_cases(6, 2, 1):
+            check_all(*shape)
+    with g.case("stride 2 and 3 with padding", points=1):
+        for shape in shape_cases(8, 2, 3):
+            check_all(*shape)
+
+
+# --- 4.4: choose the settings ------------------------------------------------------------------------------
+
+TASKS = {
+    "training": {"shapes_change": False, "max_rel_err": 1e-2},
+    "variable_batch_inference": {"shapes_change": True, "max_rel_err": 1e-2},
+    "float32_reference": {"shapes_change": False, "max_rel_err": 1e-5},
+}
+PRECISIONS = ("float32", "tf32", "float16", "bfloat16")
+# Slack over the fastest allowed setting: enough for run-to-run noise and near-ties between layouts, far
+# less than what a wrong precision (several x) or NCHW at 16 bits costs on an H200.
+SPEED_MARGIN = 1.4
+
+
+def _settings(g, student, task: str) -> dict:
+    got = student(task, dict(TASKS[task]))
+    g.expect(isinstance(got, dict), f"{task}: return a dict, got {type(got).__name__}")
+    want = {"precision", "channels_last", "cudnn_benchmark"}
+    g.expect(set(got) == want, f"{task}: keys must be {sorted(want)}, got {sorted(got)}")
+    g.expect(got["precision"] in PRECISIONS, f"{task}: precision must be one of {PRECISIONS}")
+    g.expect(all(isinstance(got[k], bool) for k in ("channels_last", "cudnn_benchmark")), "flags are bools")
+    return got
+
+
+def _prepare(settings: dict, x: torch.Tensor, w: torch.Tensor):
+    """The inputs in the dtype and layout `settings` ask for (TF32 emulated by rounding off the GPU)."""
+    from labkernels.ch04_libraries.libraries import round_to_tf32
+
+    precision = settings["precision"]
+    fmt = torch.channels_last if settings["channels_last"] else torch.contiguous_format
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision, torch.float32)
+    x, w = x.to(dtype).contiguous(memory_format=fmt), w.to(dtype).contiguous(memory_format=fmt)
+    if precision == "tf32" and LANE != "gpu":
+        x, w = round_to_tf32(x), round_to_tf32(w)
+    return x, w
+
+
+def _conv(settings: dict, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A 3x3 convolution of prepared inputs with the cuDNN flags `settings` ask for."""
+    from labkernels.ch04_libraries.libraries import cudnn_conv_precision
+
+    old = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
+    try:
+        with cudnn_conv_precision("tf32" if settings["precision"] == "tf32" else "ieee"):
+            return torch.nn.functional.conv2d(x, w, padding=1)
+    finally:
+        torch.backends.cudnn.benchmark = old
+
+
+def _timed_conv(settings: dict, x: torch.Tensor, w: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """(relative error, median ms) of the convolution run as `settings` say."""
+    xs, ws = _prepare(settings, x, w)
+    err = _rel_err(_conv(settings, xs, ws), exact)
+    return err, timing.time_ms(functools.partial(_conv, settings, xs, ws))
+
+
+def _rel_err(out: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((out.double() - exact).norm() / exact.norm())
+
+
+@exercise("4.4", "Choose the settings: precision, layout, cudnn.benchmark", points=3, speed_points=2)
+def _grade_4_4(student, g):
+    # student(task_name, task: dict) -> {"precision": ..., "channels_last": bool, "cudnn_benchmark": bool}
+    for task, spec in TASKS.items():
+        with g.case(f"{task}: the error stays within {spec['max_rel_err']:g} (measured)", points=1):
+            settings = _settings(g, student, task)
+            x, w = g.randn(2, 32, 14, 14), g.randn(32, 32, 3, 3) * 0.1
+            exact = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+            err = _rel_err(_conv(settings, *_prepare(settings, x, w)), exact)
+            g.expect(err <= spec["max_rel_err"], f"{settings} gives relative error {err:.1e}")
+
+    with g.case(
+        "fixed shapes: within 1.4x of the fastest allowed setting (measured)", points=1, gpu_only=True
+    ):
+        for task in ("training", "float32_reference"):
+            settings = _settings(g, student, task)
+            x, w = g.randn(32, 128, 28, 28), g.randn(128, 128, 3, 3) * 0.1
+            exact = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+            times = {}
+            for precision in PRECISIONS:
+                for channels_last in (False, True):
+                    option = {"precision": precision, "channels_last": channels_last, "cudnn_benchmark": True}
+                    err, ms = _timed_conv(option, x, w, exact)
+                    if err <= TASKS[task]["max_rel_err"]:
+                        times[(precision, channels_last)] = ms
+            err, mine = _timed_conv(settings, x, w, exact)
+            g.expect(err <= TASKS[task]["max_rel_err"], f"{task}: {settings} gives relative error {err:.1e}")
+            best = min(times.values())
+            g.expect(
+                mine <= SPEED_MARGIN * best,
+                f"{task}: {settings} takes {mine:.3f} ms; the best allowed, {best:.3f} ms",
+            )
+    with g.case("changing shapes: no search cost on every new shape (measured)", points=1, gpu_only=True):
+        from labkernels.ch04_libraries.libraries import first_calls
+
+        settings = _settings(g, student, "variable_batch_inference")
+        batches = [g.randint(2, 40) for _ in range(6)]
+        mine = first_calls([(8, 64, 56)], benchmark=settings["cudnn_benchmark"], changing=batches)
+        plain = first_calls([(8, 64, 56)], benchmark=False, changing=batches)
+        g.expect(
+            mine["changing_ms"] <= 1.5 * plain["changing_ms"],
+            f"six new shapes took {mine['changing_ms']:.1f} ms with your settings, "
+            f"{plain['changing_ms']:.1f} ms without cudnn.benchmark",
+        )
