@@ -217,8 +217,9 @@ def attention_naive(
 
 
 def online_softmax(rows: int, cols: int, dtype: torch.dtype = torch.float32, *, one_block=True) -> Traffic:
-    """Online softmax: a row held in one block is read once and written once (2MN); a wider row is walked
-    twice (read 2MN, write MN), the second read from HBM unless it is still in L2."""
+    """Online softmax: a row held on chip (one block, or split over programs) is read once and written once
+    (2MN); a row walked twice (one_block=False) reads 2MN and writes MN, the second read from HBM unless it is
+    still in L2."""
     _positive(rows=rows, cols=cols)
     reads = 1 if one_block else 2
     return Traffic("online_softmax", (reads + 1) * rows * cols * element_size(dtype), 5 * rows * cols)

@@ -1,0 +1,199 @@
+"""Chapter 06 benchmarks (`make bench`, GPU lane): attention vs SDPA's backends, online softmax vs copy.
+
+The measuring functions are plain (they return rows or a `Table`), so the notebook's widgets call them too;
+the `@benchmark` functions fix the sizes recorded in `labkernels/reference/`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from labkernels import timing, traffic
+from labkernels.bench import benchmark
+from labkernels.ch03_triton.softmax import MAX_COLS
+from labkernels.ch03_triton.softmax import softmax as ch03_softmax
+from labkernels.ch06_attention.flash_attention import flash_attention
+from labkernels.ch06_attention.naive import naive_attention
+from labkernels.ch06_attention.online_softmax import config as softmax_config
+from labkernels.ch06_attention.online_softmax import online_softmax
+from labkernels.lane import DEVICE, on_gpu
+from labkernels.results import Table
+from labkernels.roofline import measure_copy_bandwidth
+from labkernels.sweep import sweep
+
+MUST_SHOW = [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
+SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION"}
+SDPA_BACKENDS |= {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _sdpa(backend: str, causal: bool):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run(q, k, v):
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def attention_impls(causal: bool, names=None) -> dict:
+    """name -> fn(q, k, v): this chapter's kernel, SDPA with one backend forced, and naive attention."""
+    impls = {"labkernels": lambda q, k, v: flash_attention(q, k, v, causal=causal)}
+    impls |= {name: _sdpa(backend, causal) for name, backend in SDPA_BACKENDS.items()}
+    impls["naive"] = lambda q, k, v: naive_attention(q, k, v, causal=causal)
+    return {n: f for n, f in impls.items() if names is None or n in names}
+
+
+def peak_extra_mb(fn) -> float:
+    """GPU memory allocated by one call of fn beyond what was allocated before it, in MB (NaN on the CPU).
+    fn runs once first, so one-time work (autotuning, caches) is not counted."""
+    if not on_gpu():
+        return float("nan")
+    fn()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 1e6
+
+
+def attention_rows(batch, heads, seq, head_dim, dtype, causal, names=None, memory=True) -> list[dict]:
+    """One row per implementation: ms (median), TFLOP/s (causal counts half the FLOPs), extra peak memory.
+    An implementation that cannot run this shape (no kernel for it, out of memory) gets NaN and the reason."""
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=dtype) for _ in range(3))
+    flops = traffic.flash_attention(batch, heads, seq, head_dim, dtype, causal=causal).flops
+    params = {"batch": batch, "heads": heads, "seq": seq, "head_dim": head_dim, "dtype": _dtype_name(dtype)}
+    params["causal"] = causal
+    rows = []
+    with torch.no_grad():
+        for impl, fn in attention_impls(causal, names).items():
+            row = {**params, "impl": impl}
+            try:
+                ms = timing.time_ms(lambda fn=fn: fn(q, k, v))
+                row |= {"ms": ms, "tflops": timing.tflops(flops, ms)}
+                row["peak_mb"] = peak_extra_mb(lambda fn=fn: fn(q, k, v)) if memory else float("nan")
+            except (RuntimeError, torch.OutOfMemoryError) as e:  # no such kernel here, or too big
+                row |= {"ms": math.nan, "tflops": math.nan, "peak_mb": math.nan, "error": str(e)[:60]}
+                if on_gpu():
+                    torch.cuda.empty_cache()
+            rows.append(row)
+    flash = next((r["ms"] for r in rows if r["impl"] == "sdpa_flash"), math.nan)
+    for row in rows:
+        row["speedup_vs_flash"] = flash / row["ms"]
+    return rows
+
+
+def sequence_sweep(seqs, names, batch=4, heads=16, head_dim=64, dtype=torch.bfloat16, causal=False) -> Table:
+    """attention_rows over sequence lengths: time, TFLOP/s and peak memory of each implementation."""
+    rows = []
+    for seq in seqs:
+        rows += attention_rows(batch, heads, seq, head_dim, dtype, causal, names)
+    return Table(rows)
+
+
+def training_rows(batch, heads, seq, head_dim, dtype, causal) -> list[dict]:
+    """Forward + backward: SDPA's FLASH backend (its CPU-lane stand-in: MATH) and this chapter's kernels.
+    TFLOP/s counts the backward as 2.5x the forward's FLOPs (two matmuls recomputed, three more)."""
+    q, k, v = (
+        torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+        for _ in range(3)
+    )
+    grad = torch.randn_like(q)
+    flops = 3.5 * traffic.flash_attention(batch, heads, seq, head_dim, dtype, causal=causal).flops
+    params = {"batch": batch, "heads": heads, "seq": seq, "head_dim": head_dim, "dtype": _dtype_name(dtype)}
+    impls = {
+        "sdpa_flash_fwd_bwd": _sdpa("FLASH_ATTENTION" if on_gpu() else "MATH", causal),
+        "labkernels_fwd_bwd": lambda q, k, v: flash_attention(q, k, v, causal=causal),
+    }
+    rows = []
+    for impl, fn in impls.items():
+        ms = timing.time_ms(lambda fn=fn: fn(q, k, v).backward(grad))
+        rows.append({**params, "causal": causal, "impl": impl, "ms": ms, "tflops": timing.tflops(flops, ms)})
+    return rows
+
+
+@benchmark("ch06_attention")
+def bench_attention() -> list[dict]:
+    rows = []
+    for batch, heads, seq, head_dim, causal in MUST_SHOW:
+        shape = (batch, heads, seq, head_dim, torch.bfloat16, causal)
+        rows += [{"sweep": "must_show", **r} for r in attention_rows(*shape)]
+        rows += [{"sweep": "training", **r} for r in training_rows(*shape)]
+    for seq in (512, 1024, 2048, 4096, 8192, 16384):
+        names = None if seq <= 8192 else ["labkernels", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"]
+        rows += [{"sweep": "seq", **r} for r in attention_rows(4, 16, seq, 64, torch.bfloat16, False, names)]
+    return rows
+
+
+# --- online softmax ----------------------------------------------------------------------------------------
+
+
+def online_softmax_rows(n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps: float) -> list[dict]:
+    """online_softmax against a copy of the same bytes, torch.softmax and (rows up to 32768) ch03's softmax.
+    GB/s counts the ideal traffic (read MN, write MN) for every softmax, so all are compared on one scale."""
+    x = torch.randn(n_rows, n_cols, device=DEVICE).to(dtype)
+    out = torch.empty_like(x)
+    impls = {
+        "online_softmax": lambda: online_softmax(x, out),
+        "copy": lambda: out.copy_(x),  # read MN, write MN: the ceiling at this size
+        "torch": lambda: torch.softmax(x, dim=1),
+    }
+    if n_cols <= MAX_COLS:
+        impls["ch03_softmax"] = lambda: ch03_softmax(x)
+    nbytes = traffic.softmax(n_rows, n_cols, dtype).bytes
+    block, warps, mode = softmax_config(n_rows, n_cols, dtype)
+    params = {"rows": n_rows, "cols": n_cols, "dtype": _dtype_name(dtype)}
+    rows = []
+    for impl, fn in impls.items():
+        ms = timing.time_ms(fn)
+        gbps = timing.gbps(nbytes, ms)
+        rows.append({**params, "impl": impl, "ms": ms, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps})
+    same_size_copy = rows[1]["gbps"]
+    for row in rows:
+        row["fraction_of_same_size_copy"] = row["gbps"] / same_size_copy
+    rows[0] |= {"block_size": block, "num_warps": warps, "mode": mode}
+    return rows
+
+
+SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144)]
+
+
+@benchmark("ch06_online_softmax")
+def bench_online_softmax() -> list[dict]:
+    copy_gbps = measure_copy_bandwidth()
+    return [
+        row
+        for shape in SOFTMAX_SHAPES
+        for dtype in (torch.float32, torch.bfloat16)
+        for row in online_softmax_rows(*shape, dtype, copy_gbps)
+    ]
+
+
+def naive_memory_sweep(seqs, batch=1, heads=4, head_dim=64, dtype=None) -> Table:
+    """Naive attention against the fused kernel over sequence lengths: the modeled HBM traffic and score
+    bytes (lane-independent) beside the measured time and, on the GPU, measured extra peak memory."""
+    dtype = dtype or (torch.bfloat16 if on_gpu() else torch.float32)  # the interpreter's bfloat16 is broken
+
+    def measure(seq):
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=dtype) for _ in range(3))
+        out = {}
+        for impl, fn, t in (
+            ("naive", naive_attention, traffic.attention_naive(batch, heads, seq, head_dim, dtype)),
+            ("fused", flash_attention, traffic.flash_attention(batch, heads, seq, head_dim, dtype)),
+        ):
+            with torch.no_grad():
+                out[f"{impl}_mb_moved"] = t.bytes / 1e6
+                out[f"{impl}_peak_mb"] = peak_extra_mb(lambda fn=fn: fn(q, k, v))
+        with torch.no_grad():
+            out["naive_ms"] = timing.time_ms(lambda: naive_attention(q, k, v))
+        return out
+
+    return sweep(measure, {"seq": list(seqs)}, desc="sequence length")

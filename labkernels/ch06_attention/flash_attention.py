@@ -1,0 +1,437 @@
+"""FlashAttention forward: softmax(Q K^T * scale) V without the N x N scores ever reaching HBM.
+
+A program owns BLOCK_M query rows of one (batch, head). It loads its Q block once, then streams K and V in
+blocks of BLOCK_N keys: S = Q K^T (a `tl.dot`, fp32 accumulator), the online softmax's running max m and sum
+l updated (exp2, with scale * log2(e) folded into one multiply), the accumulator rescaled and P V added. At
+the end O = acc / l. Traffic per (batch, head): Q and O once, K and V once per query block
+(`traffic.attention`, which counts the ideal once); FLOPs 4 N^2 D, half that when causal.
+Causal: key blocks entirely above the diagonal are skipped; blocks entirely below it run unmasked; only the
+blocks crossing the diagonal are masked (a two-stage loop). Any N: the ragged last block is masked.
+Also returned: the logsumexp of each row's scaled scores, (B, H, N) fp32, which the backward uses to recompute
+P block by block (FlashAttention-2's backward: one kernel for dK and dV per key block, one for dQ per query
+block; masked everywhere, with fixed blocks: simple rather than fast).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from labkernels.ch06_attention.naive import naive_attention, reference  # noqa: F401  (one reference per op)
+from labkernels.lane import LANE, on_gpu, require_device
+
+HEAD_DIMS = (16, 32, 64, 128)
+GPU_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float16, torch.float32)  # the interpreter's bfloat16 is broken
+LOG2E = 1.4426950408889634
+TUNE_FROM = 1 << 16  # B*H*N query rows from which configs are timed on the GPU (first call per shape class)
+CPU_BLOCKS = (64, 64)  # (BLOCK_M, BLOCK_N) under the interpreter: few programs, few loop steps
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA): a short list so first-call tuning stays a few seconds. The
+# TMA configs need contiguous inputs; the tuning checks each one's result against a pointer config's.
+GPU_CONFIGS = [
+    (128, 64, 4, 3, False),
+    (128, 64, 8, 3, False),
+    (128, 128, 8, 3, False),
+    (128, 64, 4, 4, False),
+    (64, 64, 4, 3, False),
+    (128, 128, 8, 2, False),
+    (128, 64, 4, 3, True),
+    (128, 128, 8, 3, True),
+    (128, 64, 8, 4, True),
+    (128, 128, 8, 2, True),
+]
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,  # (BLOCK_M, HEAD_DIM), loaded once
+    k_src,  # (BLOCK_N, HEAD_DIM) pointers to the first key block, or (TMA) a descriptor of all rows of K
+    v_src,
+    row0,  # TMA: this head's first row in the (B*H*N, D) view
+    stride_kn,
+    stride_vn,
+    offs_m,  # the program's query rows
+    offs_n,  # 0..BLOCK_N
+    lo,
+    hi,  # the key range [lo, hi) this stage visits
+    n_ctx,
+    qk_scale,  # sm_scale * log2(e): scores in base 2
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # diagonal or ragged blocks: mask keys past the diagonal and past n_ctx
+    CAUSAL: tl.constexpr,
+    TMA: tl.constexpr,  # load K and V blocks with the TMA copy engine (Hopper) instead of pointer loads
+):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        if TMA:  # rows past n_ctx are the next head's (masked below) or zeros past the tensor's end
+            k = k_src.load([row0 + start_n, 0])  # read K block
+        elif MASKED:
+            k = tl.load(k_src + start_n * stride_kn, mask=cols[:, None] < n_ctx, other=0.0)  # read K block
+        else:
+            k = tl.load(k_src + start_n * stride_kn)
+        qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) scores: registers only, never HBM
+        if MASKED:
+            keep = cols[None, :] < n_ctx
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= cols[None, :])
+            qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk -= m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed under the old max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if TMA:
+            v = v_src.load([row0 + start_n, 0])  # read V block
+        elif MASKED:
+            v = tl.load(v_src + start_n * stride_vn, mask=cols[:, None] < n_ctx, other=0.0)  # read V block
+        else:
+            v = tl.load(v_src + start_n * stride_vn)
+        acc = tl.dot(p.to(v.dtype), v, acc)  # P V, accumulated in fp32
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    lse_ptr,  # (B, H, N) fp32, contiguous
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    n_heads,
+    n_ctx,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    TMA: tl.constexpr,  # q_ptr, k_ptr, v_ptr are TMA descriptors of the (B*H*N, D) views
+):
+    # Causal: the last query blocks do the most work, so they start first (less idle tail).
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // n_heads).to(tl.int64)  # 64-bit offsets: B*H*N*D may pass 2^31
+    h = (pid_bh % n_heads).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if TMA:
+        row0 = pid_bh * n_ctx  # int32: the launcher allows TMA only while B*H*N < 2^31
+        q = q_ptr.load([row0 + pid_m * BLOCK_M, 0])  # read Q block, once
+        k_src = k_ptr
+        v_src = v_ptr
+    else:
+        row0 = 0
+        q_ptrs = q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+        k_src = k_ptr + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_src = v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < n_ctx, other=0.0)  # read Q block, once
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if CAUSAL:
+        # Stage 1: key blocks wholly below the diagonal, unmasked. Stage 2: the diagonal blocks, masked.
+        # Blocks above the diagonal are never visited (BLOCK_M is a multiple of BLOCK_N).
+        diag = pid_m * BLOCK_M
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
+            0, diag, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
+            diag, tl.minimum(diag + BLOCK_M, n_ctx), n_ctx, qk_scale, BLOCK_N, True, CAUSAL, TMA,
+        )  # fmt: skip
+    else:
+        # Stage 1: all whole key blocks, unmasked. Stage 2: the ragged last block (none if BLOCK_N divides N).
+        n_full = (n_ctx // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
+            0, n_full, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
+            n_full, n_ctx, n_ctx, qk_scale, BLOCK_N, True, CAUSAL, TMA,
+        )  # fmt: skip
+
+    acc = acc / l_i[:, None]
+    row_ok = offs_m < n_ctx
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back from base 2 to natural log
+    tl.store(lse_ptr + pid_bh.to(tl.int64) * n_ctx + offs_m, lse, mask=row_ok)
+    o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # write O block
+
+
+def _descriptors(q, k, v, block_m: int, block_n: int):
+    """TMA descriptors of contiguous (B, H, N, D) tensors seen as (B*H*N, D): Q in BLOCK_M rows, K and V in
+    BLOCK_N rows."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, head_dim = q.numel() // q.shape[-1], q.shape[-1]
+    blocks = (block_m, block_n, block_n)
+    return tuple(
+        TensorDescriptor(t.view(rows, head_dim), [rows, head_dim], [head_dim, 1], [block, head_dim])
+        for t, block in zip((q, k, v), blocks, strict=True)
+    )
+
+
+def _tma_ok(q, k, v) -> bool:
+    """TMA here needs contiguous inputs (one 2-D view per tensor) and row indices that fit int32."""
+    return all(t.is_contiguous() for t in (q, k, v)) and q.numel() // q.shape[-1] < 2**31
+
+
+def _launch(q, k, v, o, lse, sm_scale: float, causal: bool, cfg: tuple) -> None:
+    batch, heads, n_ctx, head_dim = q.shape
+    block_m, block_n, warps, stages, tma = cfg
+    grid = (triton.cdiv(n_ctx, block_m), batch * heads)
+    sources = _descriptors(q, k, v, block_m, block_n) if tma else (q, k, v)
+    _attn_fwd_kernel[grid](
+        *sources, o, lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        o.stride(0), o.stride(1), o.stride(2),
+        heads, n_ctx, sm_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, TMA=tma,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+def _fits(cfg, head_dim: int, element_size: int) -> bool:
+    """Shared memory estimate: Q once, K and V per pipeline stage (H200: 227 KB per block)."""
+    block_m, block_n, _, stages, _ = cfg
+    smem = (block_m * head_dim + 2 * stages * block_n * head_dim) * element_size
+    return smem <= 200 * 1024 and not (head_dim <= 32 and block_n > 64)
+
+
+def _bench_ms(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
+
+
+@functools.lru_cache(maxsize=256)
+def _tuned(batch, heads, n_bucket: int, head_dim: int, dtype: torch.dtype, causal: bool, tma: bool):
+    """The fastest config for a shape class, timed once on the GPU on fresh inputs of that class. A TMA config
+    counts only if its output matches the first pointer config's."""
+    q, k, v = (torch.randn(batch, heads, n_bucket, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+    o, lse = torch.empty_like(q), torch.empty(batch, heads, n_bucket, device="cuda")
+    times, errors, expected = {}, [], None
+    for cfg in GPU_CONFIGS:
+        if not _fits(cfg, head_dim, q.element_size()) or (cfg[4] and not tma):
+            continue
+        try:
+            o.fill_(float("nan"))
+            ms = _bench_ms(lambda cfg=cfg: _launch(q, k, v, o, lse, 0.125, causal, cfg))
+        except Exception as e:  # noqa: BLE001  (out of resources, or a config this triton cannot compile)
+            errors.append(f"{cfg}: {type(e).__name__}")
+            continue
+        if expected is None and not cfg[4]:
+            expected = o.clone()
+        if cfg[4] and (expected is None or not torch.allclose(o, expected, atol=2e-2, rtol=0)):
+            errors.append(f"{cfg}: wrong result")
+            continue
+        times[cfg] = ms
+    if not times:
+        raise RuntimeError(f"flash_attention: no config compiled for head dim {head_dim}, {dtype}: {errors}")
+    return min(times, key=times.get)
+
+
+def config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, TMA) that flash_attention launches for these inputs."""
+    if LANE != "gpu":
+        return (*CPU_BLOCKS, 4, 1, False)
+    batch, heads, n_ctx, head_dim = q.shape
+    if batch * heads * n_ctx < TUNE_FROM:  # too small to fill the GPU: a fixed config, no tuning cost
+        return GPU_CONFIGS[0] if head_dim <= 64 else GPU_CONFIGS[1]
+    # Tuned per power-of-two length (and batch*heads capped): one tuning run per shape class.
+    bh = min(batch * heads, 64)
+    return _tuned(1, bh, max(128, triton.next_power_of_2(n_ctx)), head_dim, q.dtype, causal, _tma_ok(q, k, v))
+
+
+def _check(q, k, v) -> None:
+    dtypes = GPU_DTYPES if on_gpu() else CPU_DTYPES
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_device(t, f"flash_attention: {name}")
+        if t.dim() != 4:
+            raise ValueError(f"flash_attention: {name} must be (B, H, N, D), got shape {tuple(t.shape)}")
+        if t.dtype not in dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise TypeError(f"flash_attention: {name} has dtype {t.dtype}; this lane supports {names}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"flash_attention: {name}'s last dim must be contiguous (strides {t.stride()})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"flash_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"flash_attention: q, k, v must have one shape (B, H, N, D), got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"flash_attention: head dim {q.shape[-1]} not supported; supported: {HEAD_DIMS}")
+    if q.numel() == 0:
+        raise ValueError(f"flash_attention: empty input, shape {tuple(q.shape)}")
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr,  # (B*H, N, D) contiguous; (B*H, N) fp32
+    n_ctx, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One program per block of keys: walks the query blocks that see them, recomputes P^T from the saved
+    logsumexp, and accumulates dV = P^T dO and dK = dS^T Q * scale, with dS = P * (dP - delta)."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    head = bh * n_ctx * HEAD_DIM
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < n_ctx
+    kv_offs = head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # read K block, once
+    v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    if CAUSAL:
+        first = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier query rows never see these keys
+    else:
+        first = 0
+    for start_m in range(first, n_ctx, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < n_ctx
+        q_offs = head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+        lse2 = tl.load(lse2_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(delta_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
+        keep = row_ok[None, :] & col_ok[:, None]
+        if CAUSAL:
+            keep = keep & (offs_m[None, :] >= offs_n[:, None])
+        p_t = tl.where(keep, tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :]), 0.0)  # P^T
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])  # dS^T = P^T * (dP^T - delta)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    tl.store(dk_ptr + kv_offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, dq_ptr,
+    n_ctx, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One program per block of queries: walks the key blocks it sees and accumulates dQ = dS K * scale."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    head = bh * n_ctx * HEAD_DIM
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < n_ctx
+    q_offs = head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    do = tl.load(do_ptr + q_offs, mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(lse2_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(delta_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if CAUSAL:
+        last = tl.minimum((pid_m + 1) * BLOCK_M, n_ctx)  # later keys are all masked for these rows
+    else:
+        last = n_ctx
+    for start_n in range(0, last, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < n_ctx
+        kv_offs = head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)
+        keep = row_ok[:, None] & col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        p = tl.where(keep, tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None]), 0.0)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    tl.store(dq_ptr + q_offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
+    """dq, dk, dv: delta = rowsum(dO * O) in torch (one pass over O and dO), then the two kernels above."""
+    batch, heads, n_ctx, head_dim = q.shape
+    q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+    delta = (do.float() * o.float()).sum(dim=-1).contiguous()  # read 2 N D, write N per head
+    lse2 = (lse * LOG2E).contiguous()  # the logsumexp in base 2, as the kernels' scores are
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    block_m, block_n = CPU_BLOCKS if LANE != "gpu" else (64, 64)
+    meta = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": causal}
+    meta["num_warps"] = 4 if head_dim <= 64 else 8
+    scales = (n_ctx, sm_scale, sm_scale * LOG2E)
+    grid_n = (triton.cdiv(n_ctx, block_n), batch * heads)
+    _attn_bwd_dkdv_kernel[grid_n](q, k, v, do, lse2, delta, dk, dv, *scales, **meta)
+    grid_m = (triton.cdiv(n_ctx, block_m), batch * heads)
+    _attn_bwd_dq_kernel[grid_m](q, k, v, do, lse2, delta, dq, *scales, **meta)
+    return dq, dk, dv
+
+
+def _forward(q, k, v, causal: bool, sm_scale: float):
+    batch, heads, n_ctx, _ = q.shape
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty(batch, heads, n_ctx, device=q.device, dtype=torch.float32)
+    _launch(q, k, v, o, lse, sm_scale, causal, config(q, k, v, causal))
+    return o, lse
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale):
+        o, lse = _forward(q, k, v, causal, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale), None, None)
+
+
+def flash_attention_with_lse(q, k, v, causal: bool = False, sm_scale: float | None = None):
+    """(O, logsumexp): O (B, H, N, D) in q's dtype, logsumexp (B, H, N) fp32 of the scaled scores.
+    Inputs that require grad get a backward through torch.autograd (the logsumexp has no gradient)."""
+    _check(q, k, v)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _FlashAttention.apply(q, k, v, causal, sm_scale)
+    return _forward(q, k, v, causal, sm_scale)
+
+
+def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None) -> torch.Tensor:
+    """softmax(Q K^T * sm_scale [causal mask]) V for (B, H, N, D) tensors; sm_scale defaults to 1/sqrt(D)."""
+    return flash_attention_with_lse(q, k, v, causal, sm_scale)[0]

@@ -1,0 +1,291 @@
+"""Online softmax: a row softmax for any row width, in one read of a row that fits a program, two otherwise.
+
+ch03's softmax holds a whole row in one program's registers, so rows wider than 32768 are refused. The online
+softmax (Milakov & Gimelshein, 2018) walks a row in blocks and keeps two numbers, the running max m and the
+running sum l of exp(x - m); a new block with max m_b rescales the sum: l = l * exp(m - m_new) + sum exp(x_b -
+m_new). A second walk writes exp(x - m) / l. Traffic: a row that fits one block is read once and written once
+(`traffic.softmax`, 2MN); a row walked twice is read twice (3MN; the second read hits L2 if the rows in flight
+fit there); on the GPU a wide row can instead be split over programs that hold their chunks in registers and
+exchange (m, l): 2MN again. The same rescaling, applied to a sum of rows of V, is FlashAttention's inner loop.
+Compute is fp32; the result is stored in x's dtype. Backward: dx = y * (g - sum(g * y)).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from labkernels.lane import LANE, on_gpu, require_device
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2E = 1.4426950408889634
+BF16_ON_CPU = "bfloat16 is computed wrongly by the Triton interpreter; use float16 or float32 on the CPU lane"
+# The widest row held in one program (one read); wider rows are walked in blocks (two reads).
+MAX_ONE_BLOCK = 32768
+CPU_BLOCK = 16384  # the interpreter pays per program and per block, not per element
+TUNE_FROM = 1 << 22  # elements from which the GPU lane times its candidate configs (first call per shape)
+
+
+def reference(x: torch.Tensor) -> torch.Tensor:
+    """Two-pass softmax in plain torch, rows on the last dim: read MN (max), read MN, write MN (exp, sum)."""
+    z = x - x.amax(dim=-1, keepdim=True)
+    e = torch.exp(z)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+@triton.jit
+def _online_softmax_kernel(
+    out_ptr,
+    x_ptr,
+    n_col_vecs,  # the row length in whole VEC-element vectors
+    x_row_vecs,  # x's row stride, in vectors (columns are contiguous)
+    out_row_vecs,
+    BLOCK_SIZE: tl.constexpr,  # columns per block (a power of two)
+    ONE_BLOCK: tl.constexpr,  # the whole row fits one block: read once
+    VEC: tl.constexpr,  # lengths and strides are multiples of VEC: the compiler may use 16-byte accesses
+):
+    n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
+    row = tl.program_id(axis=0).to(tl.int64)  # 64-bit: row * stride may pass 2^31
+    x_row = x_ptr + row * stride_xm
+    out_row = out_ptr + row * stride_om
+    cols = tl.arange(0, BLOCK_SIZE)
+    if ONE_BLOCK:
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)  # read N
+        num = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)
+        out = num * (1.0 / tl.sum(num, axis=0))
+        tl.store(out_row + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
+    else:
+        # Pass 1: running max m and running sum (l) of exp(x - m), block by block.  read N
+        # The first block starts the state (tensors from the start: their type stays fixed through the loop).
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        m_safe = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf so far: no NaN from -inf - -inf
+        row_sum = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
+        for start in range(BLOCK_SIZE, n_cols, BLOCK_SIZE):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            row_sum = row_sum * tl.exp2((m - m_safe) * 1.4426950408889634)  # rescale the old sum
+            row_sum += tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
+            m = m_new
+        inv_sum = 1.0 / row_sum
+        # Pass 2: exp(x - m) / l.  read N (from L2 if the rows in flight fit there), write N
+        for start in range(0, n_cols, BLOCK_SIZE):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            out = tl.exp2((x - m) * 1.4426950408889634) * inv_sum
+            tl.store(out_row + start + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_row_kernel(
+    out_ptr,
+    x_ptr,
+    stats_ptr,  # (rows, CHUNKS, 2) fp32: each chunk's (max, sum)
+    sync_ptr,  # int32 zeros: [0] the ticket counter, [1 + row] the chunks of that row that have arrived
+    n_col_vecs,
+    x_row_vecs,
+    out_row_vecs,
+    BLOCK_SIZE: tl.constexpr,  # columns per chunk
+    CHUNKS: tl.constexpr,  # programs per row (a power of two)
+    VEC: tl.constexpr,
+    MAX_SPIN: tl.constexpr,  # give up waiting after this many polls: NaN out, never a wrong number
+):
+    """A row too wide for one program, split over CHUNKS programs that each hold their chunk in registers:
+    read once, write once (2MN). The chunks exchange their (max, sum) through global memory and wait for each
+    other. Programs take a ticket in the order they start, so when one waits, every program with a lower
+    ticket has started: a row's chunks are all running or done as long as CHUNKS programs fit on the GPU at
+    once. Under the interpreter programs run one after another: there this path never completes (not used)."""
+    n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
+    ticket = tl.atomic_add(sync_ptr, 1)
+    row = ticket // CHUNKS
+    chunk = ticket % CHUNKS
+    row64 = row.to(tl.int64)
+    cols = chunk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)  # read N
+    m = tl.max(x, axis=0)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    total = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
+    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
+    tl.store(stat, m)
+    tl.store(stat + 1, total)
+    tl.debug_barrier()  # the stats are written before the arrival is counted (release)
+    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+    spins = arrived * 0
+    while (arrived < CHUNKS) & (spins < MAX_SPIN):
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+        spins += 1
+    tl.debug_barrier()
+    # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
+    idx = tl.arange(0, CHUNKS)
+    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
+    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
+    row_max = tl.max(ms, axis=0)
+    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
+    row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
+    out = tl.exp2((x - row_max) * 1.4426950408889634) * (1.0 / row_sum)
+    out = tl.where(arrived >= CHUNKS, out, float("nan"))
+    tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
+
+
+MAX_SPIN = 1 << 16
+MAX_CHUNKS = 64  # far fewer than the programs an H200 holds at once (132 SMs, several programs each)
+
+
+def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
+    """Elements per 16-byte vector that the row length and both row strides are multiples of (else 1)."""
+    vec = 16 // x.element_size()
+    if x.data_ptr() % 16 or out.data_ptr() % 16:
+        return 1
+    while vec > 1 and (x.shape[1] % vec or x.stride(0) % vec or out.stride(0) % vec):
+        vec //= 2
+    return vec
+
+
+def _candidates(n_cols: int) -> list[tuple[int, int, str]]:
+    """(BLOCK_SIZE, num_warps, mode) configurations worth timing for a row width; mode is "one_block",
+    "loop" (two reads) or "split" (a row over several programs, one read)."""
+    whole = triton.next_power_of_2(n_cols)
+    configs = []
+    if whole <= MAX_ONE_BLOCK:
+        configs += [
+            (whole, w, "one_block") for w in (4, 8, 16, 32) if 32 * w <= whole and whole // (32 * w) <= 128
+        ]
+    if whole > 2048:
+        configs += [(b, w, "loop") for b, w in ((4096, 8), (8192, 8), (8192, 16)) if b < whole]
+    if whole > 8192:
+        configs += [
+            (b, w, "split") for b, w in ((4096, 4), (8192, 8), (16384, 16)) if 2 <= whole // b <= MAX_CHUNKS
+        ]
+    return configs or [(whole, 4, "one_block")]
+
+
+def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN) -> None:
+    n_rows, n_cols = x.shape
+    vec = vector_width(x, out)
+    args = (n_cols // vec, x.stride(0) // vec, out.stride(0) // vec)
+    if mode != "split":
+        _online_softmax_kernel[(n_rows,)](
+            out, x, *args, BLOCK_SIZE=block, ONE_BLOCK=mode == "one_block", VEC=vec, num_warps=warps
+        )
+        return
+    chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
+    stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
+    sync = torch.zeros(1 + n_rows, device=x.device, dtype=torch.int32)  # ticket, then arrivals per row
+    _split_row_kernel[(n_rows * chunks,)](
+        out,
+        x,
+        stats,
+        sync,
+        *args,
+        BLOCK_SIZE=block,
+        CHUNKS=chunks,
+        VEC=vec,
+        MAX_SPIN=max_spin,
+        num_warps=warps,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _tuned(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple[int, int, str]:
+    """Times each candidate once per (shape, dtype) on the GPU and keeps the fastest (a small autotune).
+    A split config whose result has NaN (its chunks gave up waiting) is dropped."""
+    from labkernels.timing import autotune_bench
+
+    x = torch.randn(n_rows, n_cols, device="cuda").to(dtype)
+    out = torch.empty_like(x)
+    times = {}
+    for c in _candidates(n_cols):
+        ms = autotune_bench(lambda c=c: _launch(x, out, *c), quantiles=(0.5,))
+        if c[2] != "split" or not torch.isnan(out).any():
+            times[c] = ms
+    return min(times, key=times.get)
+
+
+def config(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple[int, int, str]:
+    """The (BLOCK_SIZE, num_warps, mode) that online_softmax launches for this shape."""
+    if LANE != "gpu":
+        block = min(triton.next_power_of_2(n_cols), CPU_BLOCK)
+        return block, 4, "one_block" if block >= n_cols else "loop"
+    if n_rows * n_cols < TUNE_FROM:  # too small to be worth timing configs: a rule of thumb
+        whole = triton.next_power_of_2(n_cols)
+        if whole <= MAX_ONE_BLOCK:
+            return whole, max(4, min(16, whole // 1024)), "one_block"
+        return 8192, 8, "loop"
+    return _tuned(n_rows, n_cols, dtype)
+
+
+def _check(x: torch.Tensor, out: torch.Tensor | None) -> None:
+    require_device(x, "online_softmax: x")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"online_softmax: x has dtype {x.dtype}; supported: float16, bfloat16, float32")
+    if x.dtype == torch.bfloat16 and not on_gpu():
+        raise TypeError(f"online_softmax: {BF16_ON_CPU}")
+    if x.dim() != 2:
+        raise ValueError(f"online_softmax: x must be 2-D (rows, cols), got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"online_softmax: x is empty, shape {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        raise ValueError(f"online_softmax: x's columns must be contiguous (strides {x.stride()})")
+    if out is None:
+        return
+    require_device(out, "online_softmax: out")
+    if out.dtype != x.dtype or out.shape != x.shape:
+        raise ValueError(
+            f"online_softmax: out must be {x.dtype} {tuple(x.shape)}, got {out.dtype} {tuple(out.shape)}"
+        )
+    if out.stride(1) != 1:
+        raise ValueError(f"online_softmax: out's columns must be contiguous (strides {out.stride()})")
+    if _overlaps(x, out):
+        raise ValueError("online_softmax: out overlaps x (the second pass re-reads x after out is written)")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    def span(t):
+        start = t.data_ptr()
+        return start, start + ((t.shape[0] - 1) * t.stride(0) + t.shape[1]) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a0 < b1 and b0 < a1
+
+
+def _forward(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    _check(x, out)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+    _launch(x, out, *config(*x.shape, x.dtype))
+    return out
+
+
+class _OnlineSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = _forward(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        g, yf = grad.float(), y.float()
+        return (yf * (g - (g * yf).sum(dim=1, keepdim=True))).to(y.dtype)  # dx = y * (g - <g, y>)
+
+
+def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row softmax of a 2-D (rows, cols) tensor of any width; rows may be strided, columns contiguous.
+
+    `out` (same shape and dtype, not overlapping x) receives the result. Inputs that require grad get a
+    backward (through torch.autograd; `out` is then not accepted)."""
+    if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
+        if out is not None:
+            raise ValueError(
+                "online_softmax: out= is not supported when x requires grad (autograd allocates)"
+            )
+        _check(x, None)
+        return _OnlineSoftmax.apply(x)
+    return _forward(x, out)

@@ -1,0 +1,339 @@
+"""Chapter 06 kernels: online softmax at any width and the FlashAttention forward vs float64 references,
+with odd lengths, poisoned outputs and bad inputs. CPU-lane sizes stay tiny (cost per program)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import labkernels
+from labkernels import traffic
+from labkernels.ch06_attention import bench
+from labkernels.ch06_attention import flash_attention as fa
+from labkernels.ch06_attention import online_softmax as osm
+from labkernels.ch06_attention.flash_attention import flash_attention, flash_attention_with_lse
+from labkernels.ch06_attention.naive import logsumexp_reference, naive_attention, reference
+from labkernels.ch06_attention.online_softmax import online_softmax
+
+DEVICE = labkernels.DEVICE
+ON_GPU = labkernels.on_gpu()
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs the GPU lane")
+SOFTMAX_TOL = {torch.float32: (1e-6, 1e-5), torch.float16: (1e-3, 1e-2), torch.bfloat16: (8e-3, 2e-2)}
+LANE_DTYPES = [torch.float32, torch.float16] + [pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])]
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+# --- online softmax ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 17), (3, 1000), (5, 16385), (2, 40_001)])
+def test_online_softmax(shape, dtype):
+    x = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
+    out = _poisoned(shape, dtype)
+    assert online_softmax(x, out) is out
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=atol, rtol=rtol)
+
+
+def test_online_softmax_wide_rows_walk_blocks():
+    """A row wider than one block takes the looped (two-read) path, strided rows included."""
+    n_cols = osm.CPU_BLOCK * 2 + 123 if not ON_GPU else 262_144 + 17
+    wide = torch.randn(3, n_cols + 5, device=DEVICE) * 10
+    x = wide[:, :n_cols]  # rows strided, columns contiguous
+    assert osm.config(*x.shape, x.dtype)[2] == "loop" or ON_GPU
+    torch.testing.assert_close(online_softmax(x).double(), osm.reference(x.double()), atol=1e-7, rtol=1e-5)
+
+
+def test_online_softmax_large_values_and_neg_inf():
+    x = torch.randn(2, 40_000, device=DEVICE) * 1e4
+    x[1, :30_000] = float("-inf")  # the first blocks of row 1 are all -inf: no NaN from -inf - -inf
+    got = online_softmax(x)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got.double(), osm.reference(x.double()), atol=1e-7, rtol=1e-5)
+
+
+def test_online_softmax_backward():
+    x = torch.randn(4, 300, device=DEVICE).requires_grad_()
+    g = torch.randn(4, 300, device=DEVICE)
+    online_softmax(x).backward(g)
+    x_ref = x.detach().double().requires_grad_()
+    torch.softmax(x_ref, dim=1).backward(g.double())
+    torch.testing.assert_close(x.grad.double(), x_ref.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_online_softmax_bad_inputs():
+    x = torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(TypeError, match="dtype"):
+        online_softmax(x.double())
+    with pytest.raises(ValueError, match="2-D"):
+        online_softmax(x[0])
+    with pytest.raises(ValueError, match="empty"):
+        online_softmax(x[:0])
+    with pytest.raises(ValueError, match="columns must be contiguous"):
+        online_softmax(x.t())
+    with pytest.raises(ValueError, match="is on meta"):
+        online_softmax(torch.empty(4, 8, device="meta"))
+    with pytest.raises(ValueError, match="out must be"):
+        online_softmax(x, torch.empty(4, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="overlaps"):
+        online_softmax(x, x)
+    with pytest.raises(ValueError, match="overlaps"):
+        buf = torch.randn(5, 8, device=DEVICE)
+        online_softmax(buf[:4], buf[1:])
+    with pytest.raises(ValueError, match="requires grad"):
+        online_softmax(x.clone().requires_grad_(), torch.empty_like(x))
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
+def test_online_softmax_bf16_refused_on_cpu_lane():
+    with pytest.raises(TypeError, match="interpreter"):
+        online_softmax(torch.randn(2, 8).bfloat16())
+
+
+# --- flash attention ---------------------------------------------------------------------------------------
+
+ATTN_DTYPES = [torch.float32] if not ON_GPU else [torch.float16, torch.bfloat16]
+
+
+def _qkv(batch, heads, seq, head_dim, dtype):
+    return [torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=dtype) for _ in range(3)]
+
+
+def _check_attention(q, k, v, causal, sm_scale=None):
+    """fp32 (interpreter): a fixed tolerance vs float64. fp16/bf16: the kernel's error at most twice SDPA's
+    own error vs float64, plus a small atol (flash-attention's tests do the same)."""
+    want = reference(q, k, v, causal, sm_scale)
+    o, lse = flash_attention_with_lse(q, k, v, causal, sm_scale)
+    assert not torch.isnan(o).any(), "rows never written"
+    torch.testing.assert_close(
+        lse.double(), logsumexp_reference(q, k, causal, sm_scale), atol=1e-4, rtol=1e-4
+    )
+    err = (o.double() - want).abs().max().item()
+    if q.dtype == torch.float32:
+        assert err <= 1e-5, err
+        return
+    torch_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale)
+    err_torch = (torch_out.double() - want).abs().max().item()
+    assert err <= 2 * err_torch + 1e-3, (err, err_torch)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seq", [1, 17, 129, 1000])
+def test_flash_attention(seq, head_dim, causal, dtype):
+    if not ON_GPU and seq == 1000 and head_dim == 128:
+        pytest.skip("kept small on the CPU lane")
+    _check_attention(*_qkv(1, 2, seq, head_dim, dtype), causal)
+
+
+@pytest.mark.parametrize("head_dim", [16, 32])
+def test_flash_attention_small_head_dims(head_dim):
+    _check_attention(*_qkv(2, 1, 77, head_dim, ATTN_DTYPES[0]), causal=True)
+
+
+def test_flash_attention_strided_inputs_and_scale():
+    """Heads-interleaved layout (B, N, H, D).transpose(1, 2): other strides, the last dim contiguous."""
+    q, k, v = (t.transpose(1, 2) for t in _qkv(2, 100, 3, 64, ATTN_DTYPES[0]))
+    _check_attention(q, k, v, causal=False, sm_scale=0.3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_attention_must_show_shape(head_dim, causal):
+    _check_attention(*_qkv(4, 16, 4096, head_dim, torch.bfloat16), causal)
+
+
+def test_flash_attention_bad_inputs():
+    q, k, v = _qkv(1, 1, 8, 64, ATTN_DTYPES[0])
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attention(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match="share a dtype"):
+        flash_attention(q, k.to(torch.float16 if q.dtype != torch.float16 else torch.bfloat16), v)
+    with pytest.raises(ValueError, match=r"\(B, H, N, D\)"):
+        flash_attention(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="one shape"):
+        flash_attention(q, k[:, :, :4], v)
+    with pytest.raises(ValueError, match="head dim"):
+        flash_attention(*_qkv(1, 1, 8, 48, ATTN_DTYPES[0]))
+    with pytest.raises(ValueError, match="contiguous"):
+        flash_attention(*(t.transpose(2, 3) for t in _qkv(1, 1, 64, 64, ATTN_DTYPES[0])))
+    with pytest.raises(ValueError, match="is on meta"):
+        flash_attention(*(torch.empty(1, 1, 8, 64, device="meta") for _ in range(3)))
+    with pytest.raises(ValueError, match="empty"):
+        flash_attention(*_qkv(1, 0, 8, 64, ATTN_DTYPES[0]))
+
+
+def test_flash_attention_under_no_grad_accepts_grad_inputs():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 1, 20, 64, ATTN_DTYPES[0]))
+    with torch.no_grad():
+        _check_attention(q, k, v, causal=True)
+
+
+def _check_gradients(batch, heads, seq, head_dim, dtype, causal):
+    """Gradients of flash_attention vs float64 autograd through the reference. fp32: a fixed tolerance;
+    fp16/bf16: at most twice SDPA's own gradient error, plus a small atol."""
+    q, k, v = (t.requires_grad_() for t in _qkv(batch, heads, seq, head_dim, dtype))
+    grad = torch.randn_like(q)
+    got = torch.autograd.grad(flash_attention(q, k, v, causal), (q, k, v), grad)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(reference(*exact, causal), exact, grad.double())
+    errors = [(g.double() - w).abs().max().item() for g, w in zip(got, want, strict=True)]
+    assert not any(torch.isnan(g).any() for g in got)
+    if dtype == torch.float32:
+        assert max(errors) <= 1e-4, errors
+        return
+    theirs = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), grad)
+    for name, err, t, w in zip("qkv", errors, theirs, want, strict=True):
+        err_torch = (t.double() - w).abs().max().item()
+        assert err <= 2 * err_torch + 1e-2, (name, err, err_torch)
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES[-1:])  # float32 in the interpreter, bfloat16 on a GPU
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq, head_dim", [(1, 64), (17, 64), (130, 64), (77, 128), (100, 32)])
+def test_flash_attention_backward(seq, head_dim, causal, dtype):
+    _check_gradients(1, 2, seq, head_dim, dtype, causal)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_backward_large(causal):
+    _check_gradients(2, 4, 1000, 64, torch.bfloat16, causal)
+
+
+def test_naive_attention_matches_sdpa():
+    q, k, v = _qkv(1, 2, 33, 64, torch.float32)
+    for causal in (False, True):
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.testing.assert_close(naive_attention(q, k, v, causal), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq", [1, 100, 129])
+def test_flash_attention_tma_loads(seq, causal):
+    """The TMA path reads K/V rows past N from the next head (or zeros past the end): masked like any
+    ragged block. Forced here on a config; the interpreter emulates the descriptors."""
+    q, k, v = _qkv(2, 3, seq, 64, ATTN_DTYPES[-1])
+    o, lse = _poisoned(q.shape, q.dtype), torch.empty(2, 3, seq, device=DEVICE)
+    cfg = (64, 32, 4, 1, True) if not ON_GPU else (128, 64, 4, 3, True)
+    fa._launch(q, k, v, o, lse, 1 / 8, causal, cfg)
+    want = reference(q, k, v, causal)
+    atol = (
+        1e-5
+        if q.dtype == torch.float32
+        else 2
+        * (F.scaled_dot_product_attention(q, k, v, is_causal=causal).double() - want).abs().max().item()
+        + 1e-3
+    )
+    assert (o.double() - want).abs().max().item() <= atol
+
+
+def test_gpu_configs_fit_and_divide():
+    """Causal block skipping needs BLOCK_M to be a multiple of BLOCK_N; every D keeps some config."""
+    for block_m, block_n, *_ in fa.GPU_CONFIGS:
+        assert block_m % block_n == 0
+    for head_dim in fa.HEAD_DIMS:
+        assert any(fa._fits(c, head_dim, 2) for c in fa.GPU_CONFIGS)
+
+
+# --- traffic and bench -------------------------------------------------------------------------------------
+
+
+def test_attention_traffic_formulas():
+    b, h, n, d = 2, 3, 256, 64
+    fused = traffic.flash_attention(b, h, n, d, torch.float16)
+    assert fused.bytes == 4 * b * h * n * d * 2 and fused.flops == 4 * b * h * n * n * d
+    assert traffic.flash_attention(b, h, n, d, torch.float16, causal=True).flops == fused.flops // 2
+    naive = traffic.attention_naive(b, h, n, d, torch.float16)
+    assert naive.bytes - fused.bytes == 4 * traffic.attention_scores_bytes(b, h, n, torch.float16)
+    # doubling N: the fused traffic doubles, the naive traffic's score part quadruples
+    assert traffic.flash_attention(b, h, 2 * n, d).bytes == 2 * traffic.flash_attention(b, h, n, d).bytes
+    assert traffic.attention_scores_bytes(b, h, 2 * n) == 4 * traffic.attention_scores_bytes(b, h, n)
+    assert traffic.online_softmax(4, 8, one_block=False).bytes == 3 * 4 * 8 * 4
+
+
+def test_attention_rows_record_every_impl():
+    rows = bench.attention_rows(1, 1, 40, 64, torch.float32, True, names=["labkernels", "sdpa_math", "naive"])
+    assert [r["impl"] for r in rows] == ["labkernels", "sdpa_math", "naive"]
+    assert all(r["ms"] > 0 and math.isfinite(r["tflops"]) for r in rows)
+
+
+@pytest.mark.gpu
+@gpu
+def test_peak_memory_fused_is_linear_naive_quadratic():
+    table = bench.naive_memory_sweep([1024, 2048], batch=1, heads=8)
+    small, big = table.rows
+    assert big["naive_peak_mb"] > 3 * small["naive_peak_mb"]
+    assert big["fused_peak_mb"] < 2.5 * max(small["fused_peak_mb"], 1e-3)
+
+
+# --- the chapter's graders fail wrong answers ---------------------------------------------------------------
+
+
+def merge_without_guard(m_a, l_a, m_b, l_b):
+    m = torch.maximum(m_a, m_b)
+    return m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m)  # two empty states: -inf - -inf = NaN
+
+
+def blocks_ignoring_ragged_end(q_block, block_m, block_n, n_ctx):
+    # right when BLOCK_N divides BLOCK_M and N; past a ragged end it visits a block of keys that do not exist
+    diagonal = q_block * block_m // block_n
+    return list(range(diagonal)), list(range(diagonal, -(-(q_block + 1) * block_m // block_n)))
+
+
+def attention_by_torch(q, k, v, out):
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    out.copy_(torch.softmax(scores, dim=-1) @ v.float())
+    return out
+
+
+@pytest.mark.parametrize(
+    "ex_id, answer, lost",
+    [
+        ("6.1", merge_without_guard, "empty chunks"),
+        ("6.2", blocks_ignoring_ragged_end, "ragged N"),
+        ("6.3", attention_by_torch, "odd length"),
+    ],
+)
+def test_chapter_graders_fail_wrong_answers(ex_id, answer, lost):
+    from labkernels.grading import grade
+
+    record = grade(ex_id, answer)
+    failed = [c for c in record["cases"] if c["status"] == "fail"]
+    assert any(lost in c["case"] for c in failed), record
+    if ex_id == "6.3":
+        assert record["earned"] == 0 and "torch's" in failed[0]["reason"], record
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
+def test_split_row_merges_and_gives_up_with_nan_under_the_interpreter():
+    """The interpreter runs programs one after another: only the last chunk of a row sees all the others
+    arrive. Its result checks the merge of the chunks' states; the earlier chunks give up with NaN."""
+    x = torch.randn(2, 64) * 5
+    out = torch.zeros_like(x)
+    osm._launch(x, out, 16, 4, "split", max_spin=4)
+    assert out[:, :48].isnan().all()
+    torch.testing.assert_close(out[:, 48:].double(), osm.reference(x.double())[:, 48:], atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "shape, block", [((64, 32768), 8192), ((16, 262_144 + 5), 16384), ((512, 20_000), 4096)]
+)
+def test_split_row_on_the_gpu(shape, block, dtype):
+    x = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
+    out = _poisoned(shape, dtype)
+    osm._launch(x, out, block, 8, "split")
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=atol, rtol=rtol)
