@@ -14,7 +14,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 # Notebooks draw with the inline backend (a figure's text is '<Figure size ...>' in both lanes).
 export MPLBACKEND ?= module://matplotlib_inline.backend_inline
 
-.PHONY: lab venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade lint clean
+.PHONY: lab lab-settings test-browser venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,9 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-lab: venv
+lab: lab-settings
 	@token=$$($(VPY) -c 'import secrets; print(secrets.token_hex(16))'); \
-	echo "Serving the course at http://127.0.0.1:$(PORT)/lab?token=$$token  (Ctrl-C stops it)"; \
+	echo "Serving the course at http://127.0.0.1:$(PORT)/lab/tree/README.md?token=$$token  (Ctrl-C stops it)"; \
 	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 \
 	  --port=$(PORT) --IdentityProvider.token=$$token --ServerApp.root_dir=$(CURDIR) \
 	  --LabApp.default_url=/lab/tree/README.md --LabApp.news_url=None \
@@ -76,3 +76,18 @@ lint: venv
 
 clean:
 	rm -rf .torch_extensions .grade-*.json grade-report.json results
+
+# --- JupyterLab settings and the real-browser test ------------------------------------------------------
+# The course's JupyterLab defaults (no news popup; Markdown opens rendered), read by a lab started from the venv.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/labkernels.json
+lab-settings: venv
+	@mkdir -p $(dir $(LAB_OVERRIDES))
+	cp labkernels/jupyter/overrides.json $(LAB_OVERRIDES)
+
+# JupyterLab in Debian's Chromium (apt-get install chromium; no browser download), driven by Playwright.
+# Screenshots: tests/browser/screenshots/. CHROMIUM=/path/to/chromium picks another build of Chromium.
+PLAYWRIGHT_VERSION ?= 1.65.2
+test-browser: lab-settings
+	@test -x "$${CHROMIUM:-/usr/bin/chromium}" || { echo "make test-browser needs Chromium: apt-get install chromium" >&2; exit 1; }
+	@$(VPY) -c "import playwright" 2>/dev/null || $(VPY) -m pip install -q "playwright==$(PLAYWRIGHT_VERSION)"
+	LABKERNELS_BROWSER=1 $(VPY) -m pytest -q -p no:cacheprovider -s tests/browser

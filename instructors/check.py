@@ -1,0 +1,88 @@
+"""Check the class setup as far as a machine without Docker or Kubernetes can: `python instructors/check.py`.
+
+1. The image recipe installs the course exactly as the Makefile does (the torch pin, the `course` extra,
+   TORCH_PIP_ARGS for torch alone) and ships the course's JupyterLab settings.
+2. jupyterhub_config.py loads under both spawners, and (where jupyterhub, dockerspawner and
+   jupyterhub-kubespawner are installed) every option it sets is a real option of that class.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def install_lines(text: str) -> list[str]:
+    """The pip installs of torch and the course, normalised: venv paths and quiet flags dropped."""
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    found = re.findall(r"pip install (?:-q )?(?:--no-cache-dir )?([^\n\\&]+)", code)
+    return [re.sub(r"\s+", " ", f).strip() for f in found if "torch==" in f or ".[course]" in f]
+
+
+def check_image() -> list[str]:
+    problems = []
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
+    dockerfile = (HERE / "Dockerfile").read_text()
+    want = [line.replace("$(TORCH_PIP_ARGS)", "TORCH_PIP_ARGS") for line in install_lines(recipe)]
+    got = [line.replace("${TORCH_PIP_ARGS}", "TORCH_PIP_ARGS") for line in install_lines(dockerfile)]
+    if not want:
+        problems.append("Makefile: no torch / course install found in $(VENV)/.installed")
+    if want != got:
+        problems.append(f"Dockerfile installs {got}, the Makefile {want}")
+    if "labkernels/jupyter/overrides.json" not in dockerfile:
+        problems.append("Dockerfile does not install labkernels/jupyter/overrides.json")
+    return problems
+
+
+def load_config(spawner: str):
+    from traitlets.config import Config
+
+    os.environ["LABKERNELS_SPAWNER"] = spawner
+    config = Config()
+    namespace = {"get_config": lambda: config, "__file__": str(HERE / "jupyterhub_config.py")}
+    exec(compile((HERE / "jupyterhub_config.py").read_text(), "jupyterhub_config.py", "exec"), namespace)
+    return config
+
+
+def check_config() -> list[str]:
+    problems = []
+    classes = {}
+    try:
+        from dockerspawner import DockerSpawner
+        from jupyterhub.app import JupyterHub
+        from jupyterhub.spawner import Spawner
+        from kubespawner import KubeSpawner
+
+        classes = {
+            "JupyterHub": JupyterHub,
+            "Spawner": Spawner,
+            "DockerSpawner": DockerSpawner,
+            "KubeSpawner": KubeSpawner,
+        }
+    except ImportError as e:
+        print(f"(options not checked against the classes: {e.name} is not installed)")
+    for spawner in ("docker", "kubernetes"):
+        config = load_config(spawner)
+        for section, options in config.items():
+            cls = classes.get(section)
+            for name in options if cls else ():
+                if not cls.class_traits().get(name):
+                    problems.append(f"{spawner}: {section}.{name} is not an option of {cls.__name__}")
+        print(
+            f"jupyterhub_config.py loads with LABKERNELS_SPAWNER={spawner}: {config.JupyterHub.spawner_class}"
+        )
+    return problems
+
+
+if __name__ == "__main__":
+    problems = check_image() + check_config()
+    for p in problems:
+        print("PROBLEM:", p)
+    print("ok" if not problems else f"{len(problems)} problem(s)")
+    sys.exit(1 if problems else 0)
