@@ -10,10 +10,12 @@ import functools
 import statistics
 
 import torch
+import triton
 from triton.runtime.errors import OutOfResources
 
-from labkernels import timing, traffic
+from labkernels import launch_cache, timing, traffic
 from labkernels.bench import benchmark
+from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch03_triton import softmax as softmax_mod
 from labkernels.ch03_triton.add_relu import add_relu
 from labkernels.ch03_triton.matmul import matmul, tuned_config
@@ -297,9 +299,106 @@ def launch_rows() -> list[dict]:
         "labkernels matmul, tma_persistent": lambda: matmul(a, b, kernel="tma_persistent"),
         "torch.matmul (cuBLAS)": lambda: a @ b,
     }
-    return [{"op": op, "host_us": timing.host_us(fn)} for op, fn in ops.items()]
+    if not (on_gpu() and matmul_mod._has_tma()):
+        del ops["labkernels matmul, tma_persistent"]
+    return [{"section": "headline", "op": op, "host_us": timing.host_us(fn)} for op, fn in ops.items()]
+
+
+def _thin_off(fn):
+    """Mark a step to be timed with thin launches off: Triton's own launch path, LABKERNELS_THIN_LAUNCH=0."""
+    fn.thin_off = True
+    return fn
+
+
+def _steps_rows(op: str, steps: dict) -> list[dict]:
+    """One row per step, each timed on its own, back to back (`timing.host_us`)."""
+    rows = []
+    for step, fn in steps.items():
+        launch_cache.set_enabled(not getattr(fn, "thin_off", False) and launch_cache.enabled_from_env())
+        try:
+            fn()  # a first call under this setting caches its launcher outside the timed loop
+            us = timing.host_us(fn)
+        finally:
+            launch_cache.set_enabled(launch_cache.enabled_from_env())
+        rows.append({"section": "breakdown", "op": f"{op}: {step}", "host_us": us})
+    return rows
+
+
+def softmax_breakdown_rows() -> list[dict]:
+    """softmax(x) at 64 x 256 taken apart. A known shape costs about the dispatch check, the key lookup, the
+    allocation and the cached launcher; the first call of a shape also pays the checks + plan and Triton's
+    launch path, which is what every call paid before launches were cached."""
+    x = _random(64, 256)
+    softmax(x)
+    softmax(x)  # the launcher of this key is cached now
+    launcher = softmax_mod._launches[softmax_mod._launch_key(x, None, None, False, None, True)]
+    out, plan = softmax_mod._prepare(x, None, None, False, None, True)
+    args, meta = softmax_mod._launch_arguments(x, out, plan)
+    grid = (triton.cdiv(x.shape[0], plan.block_m),)
+
+    def checks_and_plan():
+        softmax_mod._check(x)
+        vec = softmax_mod.vector_width(x, out)
+        return softmax_mod._plan(*x.shape, vec, None, None, False, None, softmax_mod.needs_int64(x))
+
+    steps = {
+        "dispatch check (autograd? compiling?)": lambda: (
+            (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling()
+        ),
+        "launch-cache key and lookup": lambda: softmax_mod._launches.get(
+            softmax_mod._launch_key(x, None, None, False, None, True)
+        ),
+        "checks + plan (first call of a shape)": checks_and_plan,
+        "allocate the output (torch.empty)": lambda: torch.empty(x.shape, device=x.device, dtype=x.dtype),
+        "Triton's launch (kernel[grid](...))": lambda: softmax_mod._softmax_kernel[grid](*args, **meta),
+        f"cached launcher alone ({launcher.kind})": lambda: launcher(out, x),
+        "full call": lambda: softmax(x),
+        "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": _thin_off(lambda: softmax(x)),
+        "torch.softmax": lambda: torch.softmax(x, dim=-1),
+    }
+    return _steps_rows("softmax", steps)
+
+
+def matmul_breakdown_rows(kernel: str = "tiled") -> list[dict]:
+    """matmul(a, b, kernel=kernel) at 64^3 fp16 taken apart, as `softmax_breakdown_rows`."""
+    a, b = _random(64, 64, dtype=torch.float16), _random(64, 64, dtype=torch.float16)
+    matmul(a, b, kernel=kernel)  # tunes
+    c, key = matmul_mod._matmul(a, b, None, None, "ieee", kernel)  # the launcher of this key is cached now
+    known = matmul_mod._launches[matmul_mod._launch_key(a, b, None, None, "ieee", kernel)]
+    tuned = matmul_mod._tuned_launches[key]
+    jitted = matmul_mod._matmul_tiles if key[0] == "tiled" else matmul_mod._matmul_tma_persistent
+    (M, K), N = a.shape, b.shape[1]
+    strides = (*a.stride(), *b.stride(), *c.stride()) if key[0] == "tiled" else (K, N, N)
+    args = (a, b, c, c, M, N, K, *strides)
+
+    def call():
+        return matmul(a, b, kernel=kernel)
+
+    def checks_and_choice():
+        matmul_mod._check(a, b, None, None, "ieee", kernel)
+        return matmul_mod._pick_kernel(kernel, a, b), matmul_mod.needs_int64(a, b)
+
+    steps = {
+        "dispatch check (autograd? compiling?)": lambda: (
+            (a.requires_grad or b.requires_grad) and torch.is_grad_enabled() or torch.compiler.is_compiling()
+        ),
+        "launch-cache key and lookup": lambda: matmul_mod._launches.get(
+            matmul_mod._launch_key(a, b, None, None, "ieee", kernel)
+        ),
+        "checks + kernel choice (first call of a shape)": checks_and_choice,
+        "allocate the output (torch.empty)": lambda: torch.empty((M, N), device=a.device, dtype=a.dtype),
+        "Triton's launch (kernel[grid](...))": lambda: jitted[tuned.grid](*args, **tuned.meta),
+        f"cached launcher alone ({known.launcher.kind})": lambda: known.launcher(a, b, c, c),
+        "full call": call,
+        "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": _thin_off(lambda: call()),
+        "torch.matmul (cuBLAS)": lambda: a @ b,
+    }
+    return _steps_rows(f"matmul {key[0]}", steps)
 
 
 @benchmark("ch03_launch")
 def bench_launch() -> list[dict]:
-    return launch_rows()
+    rows = launch_rows() + softmax_breakdown_rows() + matmul_breakdown_rows("tiled")
+    if on_gpu() and matmul_mod._has_tma():
+        rows += matmul_breakdown_rows("tma_persistent")
+    return rows

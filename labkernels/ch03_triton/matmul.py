@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkernels import launch_cache
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU, INT32_MAX
 from labkernels.lane import DEVICE, LANE, on_gpu, require_device
 from labkernels.timing import autotune_bench
@@ -284,7 +285,8 @@ _matmul_tma_kernel = triton.autotune(
 
 # Per call, the autotuner rebuilds its key and three dicts of arguments before it launches: host time that a
 # 1024^3 matmul, a few microseconds on an H200, cannot hide. So matmul() lets the autotuner choose once per
-# key, keeps the winner here with its grid, and from then on launches the plain jitted kernel directly.
+# key, keeps the winner here with its grid, and from then on launches the plain jitted kernel (through a
+# cached launcher: `_launches` below).
 class _Tuned(NamedTuple):
     config: triton.Config
     grid: tuple[int]
@@ -377,10 +379,12 @@ _auto_choices: dict[tuple, str] = {}
 def _choose(a, b, c, bias, options: dict, shape_key: tuple) -> str:
     """Tune both kernels for this key, time each one's winner once, keep the faster."""
     medians = {}
+    bias_or_c = c if bias is None else bias
     for kernel in ("tiled", "tma_persistent"):
         key = (kernel, *shape_key)
-        _launch(kernel, a, b, c, bias, options, key)  # tunes, the first time
-        medians[kernel] = autotune_bench(lambda k=kernel, key=key: _launch(k, a, b, c, bias, options, key))[0]
+        launcher = _launch(kernel, a, b, c, bias, options, key)  # tunes, the first time
+        launcher = launcher or _launch(kernel, a, b, c, bias, options, key)  # as later calls will launch
+        medians[kernel] = autotune_bench(lambda launcher=launcher: launcher(a, b, c, bias_or_c))[0]
     _auto_choices[shape_key] = min(medians, key=medians.get)
     return _auto_choices[shape_key]
 
@@ -391,8 +395,9 @@ def _programs(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu() else 4
 
 
-def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple) -> None:
-    """Launch `kernel` with the autotuner's winner for this key; the first call of a key tunes."""
+def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple):
+    """Launch `kernel` with the autotuner's winner for this key; the first call of a key tunes. Returns a
+    launcher(a, b, c, bias_or_c) for the next calls of the key, or None after tuning."""
     (M, K), N = a.shape, b.shape[1]
     bias_or_c = c if bias is None else bias  # a valid pointer either way; read only if HAS_BIAS
     if kernel == "tiled":
@@ -400,11 +405,11 @@ def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple) -> None:
     else:
         args = (a, b, c, bias_or_c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
     tuned = _tuned_launches.get(key)
-    if tuned is not None:  # the usual case: nothing else runs on the host before the launch
+    if tuned is not None:  # tuned already: the plain jitted kernel, with the winner's constexprs
         jitted = _matmul_tiles if kernel == "tiled" else _matmul_tma_persistent
-        jitted[tuned.grid](*args, **tuned.meta)  # read MK + KN at best, write MN
-        return
+        return launch_cache.launch(jitted, tuned.grid, args, tuned.meta)  # read MK + KN at best, write MN
     _tune(kernel, args, options, key)
+    return None
 
 
 def _tune(kernel: str, args: tuple, options: dict, key: tuple) -> None:
@@ -456,13 +461,46 @@ def _empty_product(a, b, bias, activation) -> torch.Tensor:
     return c.to(a.dtype)
 
 
+# What each plain call would recompute, kept per key: the checks passed, the kernel chosen, the tuned launch
+# and its launcher (`labkernels.launch_cache`: a thin one that calls the compiled kernel directly).
+class _Known(NamedTuple):
+    key: tuple  # the _tuned_launches key
+    shape: tuple[int, int]  # C's
+    contiguous_bias: bool  # bias must be copied to a contiguous one first
+    launcher: object  # launcher(a, b, c, bias_or_c)
+
+
+_launches = launch_cache.KeyedLaunches()
+
+
+def _launch_key(a, b, bias, activation, input_precision, kernel) -> tuple:
+    """Everything the checks, the kernel choice and Triton's specialization read from the arguments."""
+    key = (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0)
+    key += (b.shape, b.stride(), b.dtype, b.device, b.data_ptr() % 16 == 0)
+    if bias is not None:
+        key += (bias.shape, bias.stride(), bias.dtype, bias.device, bias.data_ptr() % 16 == 0)
+    return (*key, type(activation), activation, type(input_precision), input_precision, type(kernel), kernel)
+
+
 def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tensor, tuple | None]:
-    """C, and the key its launch is kept under (None when nothing was launched)."""
+    """C, and the key its launch is kept under (None when nothing was launched). Known keys only allocate
+    and launch."""
+    try:
+        fast_key = _launch_key(a, b, bias, activation, input_precision, kernel)
+        known = _launches.get(fast_key)
+    except Exception:  # not tensors, unhashable options, tensors without storage: the checks say so
+        fast_key = known = None
+    if known is not None:
+        c = torch.empty(known.shape, device=a.device, dtype=a.dtype)
+        bias_or_c = c if bias is None else bias if known.contiguous_bias else bias.contiguous()
+        known.launcher(a, b, c, bias_or_c)  # read MK + KN at best, write MN
+        return c, known.key
     _check(a, b, bias, activation, input_precision, kernel)
     if a.numel() == 0 or b.numel() == 0:
         return _empty_product(a, b, bias, activation), None
     kernel = _pick_kernel(kernel, a, b)
     (M, K), N = a.shape, b.shape[1]
+    contiguous_bias = bias is None or bias.is_contiguous()
     bias = bias.contiguous() if bias is not None else None  # N elements: a negligible copy if strided
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
@@ -477,7 +515,9 @@ def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tens
     if kernel == "auto":
         kernel = _auto_choices.get(shape_key) or _choose(a, b, c, bias, options, shape_key)
     key = (kernel, *shape_key)
-    _launch(kernel, a, b, c, bias, options, key)
+    launcher = _launch(kernel, a, b, c, bias, options, key)
+    if launcher is not None and fast_key is not None:
+        _launches[fast_key] = _Known(key, (M, N), contiguous_bias, launcher)
     return c, key
 
 
