@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Chapter 04 kernels on the H200: GPU tests of tests/test_ch04_kernels.py, then the ch04_matmul and ch04_conv
 # benchmarks; CSVs to $OUT/ch04_kernels/ and a summary. Every step runs even if one before it failed.
-# Budget: under 4 minutes (timeout 230 overall; the steps have their own, shorter limits).
+# Budget: under 200 s (timeout 195 overall; the steps have their own, shorter limits).
 set -u
-if [ -z "${CH04_INNER:-}" ]; then CH04_INNER=1 exec timeout 230 bash "$0" "$@"; fi
+if [ -z "${CH04_INNER:-}" ]; then CH04_INNER=1 exec timeout 195 bash "$0" "$@"; fi
 OUT="${OUT:-/tmp/out}"
 DEST="$OUT/ch04_kernels"
 mkdir -p "$DEST"
@@ -18,10 +18,10 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
   if ! timeout "$limit" "$@"; then failed+=("$name"); echo "!! $name failed or timed out"; fi
 }
 
-step "gpu tests" 70 $PY -m pytest -q -x -p no:cacheprovider -m gpu tests/test_ch04_kernels.py > "$DEST/pytest.log" 2>&1
+step "gpu tests" 65 $PY -m pytest -q -x -p no:cacheprovider -m gpu tests/test_ch04_kernels.py > "$DEST/pytest.log" 2>&1
 tail -15 "$DEST/pytest.log"
 # The benchmarks record after every shape, so a step cut short by its limit still leaves its CSV.
-step "bench ch04_matmul" 110 $PY -c "
+step "bench ch04_matmul" 85 $PY -c "
 from labkernels.ch04_libraries import bench_kernels as b
 from labkernels.results import record
 rows = []
@@ -29,7 +29,7 @@ for shape in b.MATMUL_SHAPES:
     rows += (new := b.matmul_rows(*shape)); b._print_matmul(new); record('ch04_matmul', rows, '$DEST')
 rows += (new := b.tf32_rows()); b._print_matmul(new); record('ch04_matmul', rows, '$DEST')
 "
-step "bench ch04_conv" 45 $PY -c "
+step "bench ch04_conv" 35 $PY -c "
 from labkernels.ch04_libraries import bench_kernels as b
 from labkernels.results import record
 rows = []
