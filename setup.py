@@ -54,7 +54,9 @@ def ext_modules() -> list:
         sources=sources(with_cuda),
         include_dirs=[str(CSRC)],
         extra_compile_args={"cxx": ["-O2", *openmp], "nvcc": ["-O2"]},
-        extra_link_args=openmp,
+        # libstdc++ linked privately, as the JIT build does (labkernels.ch01_jit.build: a second copy of its stream
+        # code in the process crashes TORCH_CHECK messages that stream numbers).
+        extra_link_args=openmp + (["-static-libstdc++", "-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []),
     )
     return [CUDAExtension(**kwargs) if with_cuda else CppExtension(**kwargs)]
 

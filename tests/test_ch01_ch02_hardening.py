@@ -21,12 +21,17 @@ import pytest
 import torch
 
 import labkernels  # noqa: F401  (picks the lane first)
-from labkernels.ch01_jit import cache, diagnostics
+from labkernels.ch01_jit import abi_probe, build, cache, diagnostics
 from labkernels.ch01_jit import ops as ch01
 from labkernels.ch02_strides import ops as ch02
 from labkernels.ch02_strides import triton_strided as tri
 
 HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parents[1]
+# Every child process runs from the repository root with it on PYTHONPATH: where labkernels is not installed
+# (the GPU image runs from a checkout), a child started as `python <file>` or from another directory would
+# not find it.
+CHILD = dict(cwd=ROOT, env=build.child_env())
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 DEVICES = ["cpu", pytest.param("cuda", marks=gpu)]
 SPECIALS = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1.0, -1.0]
@@ -203,7 +208,7 @@ def _tiny_load(directory: Path, wait_seconds: float = 60.0, timeout: float = 120
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]},
+        **CHILD,
     )
 
 
@@ -251,7 +256,8 @@ def _hold_lock(lock: Path) -> subprocess.Popen:
             sys.executable,
             "-c",
             f"import os, time; os.open({str(lock)!r}, os.O_CREAT | os.O_EXCL); time.sleep(60)",
-        ]
+        ],
+        **CHILD,
     )
     for _ in range(200):
         if lock.exists() and diagnostics.lock_holders(lock):
@@ -270,7 +276,7 @@ def test_a_build_whose_lock_owner_dies_recovers(tiny):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]},
+        **CHILD,
     )
     time.sleep(3)  # the waiter waits on a live lock (or, still starting, will find a dead one)
     holder.kill()  # the owner dies mid-build: its lock stays behind
@@ -299,14 +305,92 @@ def test_a_live_lock_is_waited_on_for_a_bounded_time(tiny):
 
 # --- finding 9: a TORCH_CHECK message that streams numbers --------------------------------------------------
 
+_STREAMED = r"""
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+void streamed(int64_t n, double x) {
+  const std::vector<int64_t> sizes{4, 6};
+  TORCH_CHECK(n < 0, "n = ", n, ", x = ", x, ", sizes = ", c10::IntArrayRef(sizes));
+}
+}  // namespace
+
+TORCH_LIBRARY(lk_streamed_check, m) { m.def("streamed(int n, float x) -> ()", &streamed); }
+"""
+
+# A process set up like the course's (torch, triton, CUDA, the course extension), then the op.
+_STREAMED_CHILD = """
+import sys
+import labkernels, torch, triton  # noqa: F401
+if torch.cuda.is_available():
+    torch.cuda.init()
+from labkernels.ch01_jit import ops
+ops.load()
+torch.ops.load_library(sys.argv[1])
+try:
+    torch.ops.lk_streamed_check.streamed(7, 0.5)
+except RuntimeError as e:
+    print("RuntimeError:", str(e).splitlines()[0])
+"""
+
+
+def test_a_check_that_streams_numbers_raises_with_them():
+    """On the H200 image, with extensions linked the default way, this killed the process (SIGSEGV) instead
+    of raising: the regression test of the private libstdc++ link of `build_inline` (and `build.load`). In a
+    child process, so that a crash fails this test instead of ending the run."""
+    path = diagnostics.build_inline("lk_streamed_check", _STREAMED)
+    done = subprocess.run(
+        [sys.executable, "-c", _STREAMED_CHILD, path], capture_output=True, text=True, timeout=300, **CHILD
+    )
+    assert done.returncode == 0, (
+        f"exit {done.returncode} (negative: killed by that signal): {done.stderr[-3000:]}"
+    )
+    assert "RuntimeError: n = 7, x = 0.5, sizes = [4, 6]" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+def test_the_course_extension_keeps_its_libstdcxx_private():
+    """The course extension links libstdc++ privately and exports none of its stream or locale symbols (on
+    the H200 image the default link exported `std::locale::classic` and the number inserters)."""
+    flags = build.private_libstdcxx_flags()
+    if not flags:
+        pytest.skip("no libstdc++.a for this compiler (or not Linux): extensions link the default way")
+    lib = os.path.realpath(ch01.load())
+    ninja = (Path(lib).parent / "build.ninja").read_text()
+    assert all(flag in ninja for flag in flags), "the link line lacks the private libstdc++ flags"
+    for symbol in abi_probe.SYMBOLS:
+        providers = [os.path.realpath(p) for p in abi_probe.providers(symbol)]
+        assert providers and lib not in providers, (symbol, providers)
+
+
+def test_without_a_static_libstdcxx_the_build_warns_and_links_the_default_way(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert build.static_libstdcxx() is None
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(build, "static_libstdcxx", lambda: None)
+    build.private_libstdcxx_flags.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"no libstdc\+\+\.a .*abi_probe"):
+            assert build.private_libstdcxx_flags() == ()
+    finally:
+        build.private_libstdcxx_flags.cache_clear()  # the next call looks at the real compiler again
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_streamed_numbers_in_a_check_message_raise():
-    """On the H200 image this took the process down (SIGSEGV); the probe builds the failing check in a
-    child and reports which library resolves the stream's symbols."""
+    """The probe builds the failing check with each link in a child and reports which library resolves the
+    stream's symbols; `streamed:` is the result for the link the course uses."""
     done = subprocess.run(
-        [sys.executable, "-m", "labkernels.ch01_jit.abi_probe"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "labkernels.ch01_jit.abi_probe"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **CHILD,
     )
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -404,6 +488,7 @@ def test_every_kernel_past_2_31_elements():
             capture_output=True,
             text=True,
             timeout=170,
+            **CHILD,
         )
         return name, done.returncode, (done.stdout + done.stderr).strip().splitlines()[-3:]
 

@@ -22,6 +22,8 @@ from labkernels.ch01_jit import build, diagnostics, ops
 from labkernels.ch01_jit.rebuild import measure_rebuilds, rebuild_facts, scenarios
 
 HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = dict(cwd=ROOT, env=build.child_env())  # children find labkernels even where it is not installed
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
 DEVICES = ["cpu", pytest.param("cuda", marks=gpu)]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -305,7 +307,8 @@ def test_a_lock_held_by_a_live_build_is_not_stale(tmp_path):
             sys.executable,
             "-c",
             f"import os, time; fd = os.open({str(lock)!r}, os.O_CREAT | os.O_EXCL); time.sleep(30)",
-        ]
+        ],
+        **CHILD,
     )
     try:
         for _ in range(200):

@@ -1,15 +1,19 @@
-"""A probe for "a TORCH_CHECK whose message streams a number kills the process" (seen on the H200 image).
+"""A probe for "a TORCH_CHECK whose message streams a number kills the process" (seen on the H200 image,
+torch 2.11+cu130, with extensions linked the default way).
 
 Streaming text into a `std::ostringstream` writes bytes; streaming a number goes through the stream's locale
 (`std::num_put`, found by a facet id). If two copies of libstdc++'s locale code live in one process (a
 library that linked libstdc++ statically and exports it), an extension can bind the facet lookup to one copy
-and the locale to the other: text works, numbers crash (the pattern of pytorch/pytorch#109923).
+and the locale to the other: text works, numbers crash (the pattern of pytorch/pytorch#109923). On the H200
+image the course extension, linked the default way, exported its own definitions of `std::locale::classic`
+and the `ostream` number inserters beside the system's libstdc++.so.6: two providers.
 
 `python -m labkernels.ch01_jit.abi_probe` builds a tiny op whose check streams an int64 and a double, calls
 it in a fresh process set up like the course's (torch, triton, CUDA, the course extension loaded), and
 prints which loaded files provide the stream and locale symbols: more than one provider is the diagnosis.
-The same op is also built with libstdc++ linked privately into it (`-static-libstdc++`, symbols hidden),
-the fix to adopt if only that build raises.
+The same op is also built with libstdc++ linked privately into it (`-static-libstdc++`, symbols hidden):
+the fix, which the course's builds (`build.load`, `diagnostics.build_inline`) now use wherever the compiler
+has a `libstdc++.a`. The last line, `streamed:`, is the result for the link the course uses on this machine.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ void streamed(int64_t n, double x) { TORCH_CHECK(false, "n = ", n, ", x = ", x);
 TORCH_LIBRARY(NAMESPACE, m) { m.def("streamed(int n, float x) -> ()", &streamed); }
 """
 
+#: torch's own link, and the course's private one (`build.PRIVATE_LIBSTDCXX`).
 VARIANTS = {"default": [], "private_libstdcxx": ["-static-libstdc++", "-Wl,--exclude-libs,ALL"]}
 
 #: ostream << long, << double, the classic locale, the ostringstream constructor (new string ABI).
@@ -74,7 +79,11 @@ def build(variant: str) -> str:
 
     name = f"lk_abi_probe_{variant}"
     return build_inline(
-        name, _SOURCE.replace("NAMESPACE", name), extra_ldflags=VARIANTS[variant], unique=False
+        name,
+        _SOURCE.replace("NAMESPACE", name),
+        extra_ldflags=VARIANTS[variant],
+        unique=False,
+        private_libstdcxx=False,  # exactly the variant's flags
     )
 
 
@@ -94,9 +103,18 @@ except RuntimeError as e:
 
 
 def run_variant(variant: str) -> str:
-    path = build(variant)
+    from labkernels.ch01_jit.build import child_env
+
+    try:
+        path = build(variant)
+    except RuntimeError as e:  # e.g. no libstdc++.a for the private link
+        return "could not build: " + (str(e).strip().splitlines() or ["?"])[0]
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, path, f"lk_abi_probe_{variant}"], capture_output=True, text=True
+        [sys.executable, "-c", _CHILD, path, f"lk_abi_probe_{variant}"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=600,
     )
     if done.returncode < 0:
         return f"crashed with signal {-done.returncode}"
@@ -110,7 +128,7 @@ def main() -> int:
     import triton  # noqa: F401
 
     import labkernels  # noqa: F401
-    from labkernels.ch01_jit import ops
+    from labkernels.ch01_jit import build, ops
 
     if torch.cuda.is_available():
         torch.cuda.init()
@@ -120,7 +138,9 @@ def main() -> int:
     results = {variant: run_variant(variant) for variant in VARIANTS}
     for variant, result in results.items():
         print(f"{variant}: {result}")
-    print("streamed:", "raised" if results["default"].startswith("raised") else results["default"])
+    course = "private_libstdcxx" if build.private_libstdcxx_flags() else "default"
+    print(f"the course links libstdc++ the {course} way on this machine")
+    print("streamed:", "raised" if results[course].startswith("raised") else results[course])
     return 0
 
 

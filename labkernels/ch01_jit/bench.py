@@ -117,8 +117,9 @@ print(time.perf_counter() - start)
 def _timed_load_in_new_process(extensions_dir: str) -> float:
     """Seconds for `build.load()` in a fresh Python process (a second load of a library whose ops are
     already registered in this process would fail, so the build is timed elsewhere)."""
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir}
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    from labkernels.ch01_jit.build import child_env
+
+    env = {**child_env(), "TORCH_EXTENSIONS_DIR": extensions_dir}
     done = subprocess.run(
         [sys.executable, "-c", _TIME_LOAD], capture_output=True, text=True, env=env, timeout=900
     )

@@ -20,6 +20,16 @@ chapter adds an op by adding a file). What makes the cold build fast on a 2-core
 
 `-fopenmp` is not optional: `at::parallel_for` compiles to a serial loop without it.
 
+**libstdc++ linked privately** (Linux): `-static-libstdc++ -Wl,--exclude-libs,ALL` puts the C++ runtime's code
+the extension uses inside the .so and hides it. On the H200 image (torch 2.11+cu130) a `TORCH_CHECK` whose
+message streamed a number killed the process (SIGSEGV): the default link left the extension exporting its
+own copy of libstdc++'s stream and locale code next to the system's libstdc++.so.6, and a number, unlike
+text, goes through the locale (`std::num_put`, looked up by facet id), so one stream could end up using
+parts of both copies. With the copy private, the extension's streams use only its own copy. Without
+`libstdc++.a` (no static runtime installed) the build warns and links the default way. `python -m
+labkernels.ch01_jit.abi_probe` shows, on any machine, which loaded files provide those symbols and whether a
+check with numbers raises with each link.
+
 Rebuilds: torch's `load()` keeps an in-process hash of the source files' content (a change rebuilds under a
 new name, `<name>_v1`), and in a new process it runs ninja, which rebuilds when a file's *mtime* is newer
 than its object (ninja follows the `#include`s of the unity files into our sources). Chapter 01 measures it.
@@ -28,10 +38,13 @@ than its object (ninja follows the `#include`s of the unity files into our sourc
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
+import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +81,50 @@ def cuda_sources() -> list[Path]:
 def cuda_host_sources() -> list[Path]:
     """The torch side of the CUDA ops (checks, allocation, stream, registration): host compiler only."""
     return sorted((CSRC / "cuda").glob("*.cpp"))
+
+
+#: Link flags that give an extension a private copy of libstdc++ (see the module docstring).
+PRIVATE_LIBSTDCXX = ("-static-libstdc++", "-Wl,--exclude-libs,ALL")
+
+
+def static_libstdcxx() -> str | None:
+    """The path of the C++ compiler's `libstdc++.a` (torch compiles with `$CXX`, else `c++`), or None."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        found = subprocess.run(
+            [cxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # the compiler echoes the bare name when it has no such file
+    return found if os.path.isabs(found) and os.path.exists(found) else None
+
+
+@functools.cache
+def private_libstdcxx_flags() -> tuple[str, ...]:
+    """`PRIVATE_LIBSTDCXX` on Linux where `libstdc++.a` exists; else () and (on Linux) a warning, once."""
+    if not sys.platform.startswith("linux"):
+        return ()
+    if static_libstdcxx() is None:
+        warnings.warn(
+            f"{os.environ.get('CXX', 'c++')} has no libstdc++.a (the static C++ runtime), so extensions link "
+            "libstdc++ the default way. Where two copies of libstdc++'s stream code end up in one process, a "
+            "TORCH_CHECK message that streams a number can then crash instead of raising: run "
+            "`python -m labkernels.ch01_jit.abi_probe` to check this machine, or install the static runtime "
+            "(Debian/Ubuntu: the libstdc++-<version>-dev package of your g++)",
+            stacklevel=2,
+        )
+        return ()
+    return PRIVATE_LIBSTDCXX
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child Python that imports labkernels: the repository (or site-packages) on
+    PYTHONPATH ahead of anything else, and this interpreter's bin/ (ninja) on PATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH")) if p)
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH")) if p)
+    return env
 
 
 def with_cuda() -> bool:
@@ -208,7 +265,7 @@ def load(verbose: bool = False) -> str:
             sources=[str(s) for s in sources],
             extra_cflags=CFLAGS + openmp_flags() + [f"-I{CSRC}"],
             extra_cuda_cflags=CUDA_CFLAGS + [f"-I{CSRC}"],
-            extra_ldflags=openmp_flags(),
+            extra_ldflags=openmp_flags() + list(private_libstdcxx_flags()),
             build_directory=str(directory),
             with_cuda=any(s.suffix == ".cu" for s in sources),
             is_python_module=False,

@@ -286,6 +286,7 @@ def build_inline(
     extra_ldflags: list[str] | None = None,
     build_root: str | os.PathLike | None = None,
     unique: bool = True,
+    private_libstdcxx: bool = True,
     verbose: bool = False,
 ):
     """Build a learner's `load_inline` source and load it; raise `CompileError` with the first error.
@@ -296,18 +297,25 @@ def build_inline(
     numbers in errors are the learner's own). Without `functions` the library is loaded with
     `torch.ops.load_library` (for sources that register ops with `TORCH_LIBRARY`) and its path is returned.
 
-    `unique=True` appends a hash of the source and flags to `name`.
+    `unique=True` appends a hash of the source and flags to `name`. `private_libstdcxx=True` links libstdc++
+    into the library privately, as the course extension does (`build.private_libstdcxx_flags`: on the H200
+    image, without it a TORCH_CHECK message that streamed a number crashed the process).
     """
     from torch.utils.cpp_extension import load_inline
 
-    from labkernels.ch01_jit.build import ensure_ninja_on_path, extensions_root, openmp_flags
+    from labkernels.ch01_jit.build import (
+        ensure_ninja_on_path,
+        extensions_root,
+        openmp_flags,
+        private_libstdcxx_flags,
+    )
 
     ensure_ninja_on_path()
     flags = ["-O2", *openmp_flags(), *(extra_cflags or [])]
+    private = private_libstdcxx_flags() if private_libstdcxx else ()
+    ldflags = [*openmp_flags(), *private, *(extra_ldflags or [])]
     if unique:
-        name = inline_name(
-            name, cpp_source, cuda_source, functions, flags, *([extra_ldflags] if extra_ldflags else [])
-        )
+        name = inline_name(name, cpp_source, cuda_source, functions, flags, ldflags)
     root = Path(build_root) if build_root is not None else extensions_root() / "inline"
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
@@ -328,7 +336,7 @@ def build_inline(
             functions=functions,
             extra_cflags=flags,
             extra_cuda_cflags=["-O2"],
-            extra_ldflags=openmp_flags() + (extra_ldflags or []),
+            extra_ldflags=ldflags,
             build_directory=str(directory),
             is_python_module=bool(functions),
             verbose=verbose,

@@ -139,6 +139,8 @@ def measure_rebuilds(root: str | os.PathLike | None = None) -> Table:
 
 
 def _in_new_process(jobs: list[dict]) -> list[list]:
+    from labkernels.ch01_jit.build import child_env
+
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(jobs, f)
         spec = f.name
@@ -148,10 +150,7 @@ def _in_new_process(jobs: list[dict]) -> list[list]:
             capture_output=True,
             text=True,
             timeout=600,
-            env={
-                **os.environ,
-                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-            },
+            env=child_env(),
         )
     finally:
         os.unlink(spec)

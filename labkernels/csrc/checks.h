@@ -10,13 +10,18 @@
 #include <string>
 
 // Declared here, defined once in checks.cpp and called by both devices' impls, so the wording is the same.
-// Messages format numbers with std::to_string (`dims()` for sizes and strides) instead of streaming them: on
-// the H200 image (torch 2.11+cu130) a failed check whose message streamed a number (an int64, a double, an
-// IntArrayRef) took the process down with SIGSEGV, while text and dtypes raised normally. Streaming a number,
-// unlike text, goes through the stream's locale (std::num_put); std::to_string does not.
-// `python -m labkernels.ch01_jit.abi_probe` shows whether two copies of libstdc++'s locale code are loaded
-// (the known cause of that pattern) and whether linking libstdc++ privately fixes it. The Python wrappers
-// validate first in any case.
+//
+// Numbers in messages. On the H200 image (torch 2.11+cu130) a failed check whose message streamed a number
+// (an int64, a double, an IntArrayRef) took the process down with SIGSEGV, while text and dtypes raised
+// normally. The cause: two copies of libstdc++'s stream and locale code in one process (the system's
+// libstdc++.so.6, and one the extension's default link exported). Streaming a number, unlike text, goes
+// through the stream's locale (std::num_put, found by a facet id), so a stream could mix the two copies.
+// The fix is in the build: the course's builds (build.load, diagnostics.build_inline) link libstdc++
+// privately (-static-libstdc++ -Wl,--exclude-libs,ALL), so this library's streams use its own hidden copy
+// and TORCH_CHECK(cond, "n = ", n) raises. `python -m labkernels.ch01_jit.abi_probe` shows, on any machine,
+// which loaded files provide those symbols and whether such a check raises with each link. These messages
+// still format numbers with std::to_string (`dims()` for sizes and strides): that needs no locale, so they
+// stay safe where no libstdc++.a exists and the build falls back, with a warning, to the default link.
 namespace labkernels {
 
 // "[4, 6]": sizes or strides as text, built with std::to_string alone.
