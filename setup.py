@@ -15,8 +15,9 @@ source changes, which suits a course; AOT builds once when the package is built,
 which suits a library you distribute as wheels.)
 
 `sources()` lists what is compiled: every `labkernels/csrc/*.cpp`, plus every `labkernels/csrc/cuda/*.cpp`
-(the torch side of the CUDA ops) and `*.cu` (the kernels) where torch has CUDA. Here each file is its own translation unit (setuptools compiles them in parallel);
-the JIT build instead concatenates them into one per device, which is faster on two cores.
+(the torch side of the CUDA ops) and `*.cu` (the kernels) where torch has CUDA. Here each file is its own
+translation unit (setuptools compiles them in parallel); the JIT build instead concatenates them into one per
+device, which is faster on two cores.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def sources(with_cuda: bool) -> list[str]:
     return [str(p.relative_to(ROOT)) for p in files]
 
 
+LINUX = sys.platform.startswith("linux")
+PRIVATE_LIBSTDCXX = ["-static-libstdc++", "-Wl,--exclude-libs,ALL"] if LINUX else []
+
+
 def ext_modules() -> list:
     if os.environ.get("LABKERNELS_BUILD_EXTENSION") != "1":
         return []
@@ -54,9 +59,9 @@ def ext_modules() -> list:
         sources=sources(with_cuda),
         include_dirs=[str(CSRC)],
         extra_compile_args={"cxx": ["-O2", *openmp], "nvcc": ["-O2"]},
-        # libstdc++ linked privately, as the JIT build does (labkernels.ch01_jit.build: a second copy of its stream
-        # code in the process crashes TORCH_CHECK messages that stream numbers).
-        extra_link_args=openmp + (["-static-libstdc++", "-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []),
+        # libstdc++ linked privately, as the JIT build does (labkernels.ch01_jit.build): a second copy of its
+        # stream code in the process crashes TORCH_CHECK messages that stream numbers.
+        extra_link_args=openmp + PRIVATE_LIBSTDCXX,
     )
     return [CUDAExtension(**kwargs) if with_cuda else CppExtension(**kwargs)]
 
