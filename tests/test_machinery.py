@@ -414,3 +414,41 @@ def test_read_write_mix_rows_count_the_bytes_they_move():
     assert [r["fraction_of_copy"] for r in rows if (r["reads"], r["writes"]) == (1, 1)] == [1.0]
     with pytest.raises(ValueError, match="positive int"):
         read_write_mix_rows(0)
+
+
+def test_cpu_ceilings_leave_the_cache_and_take_the_best_matmul(monkeypatch):
+    if labkernels.on_gpu():
+        pytest.skip("CPU-lane sizes")
+    seen = []
+    monkeypatch.setattr(roofline, "_copy_bandwidth", lambda nbytes: seen.append(nbytes) or 10.0)
+    roofline._copy_bandwidth_once.cache_clear()
+    assert roofline.measure_copy_bandwidth() == 10.0
+    assert seen and 2 * seen[0] >= 64 << 20  # the rule itself is tested in test_plots.py
+    roofline._copy_bandwidth_once.cache_clear()
+    rates = {512: 0.05, 1024: 0.2, 2048: 0.1}
+    original = roofline.measure_matmul_peak
+
+    def fake(dtype, n=None, tf32=False):
+        return original(dtype, None, tf32) if n is None else rates[n]
+
+    monkeypatch.setattr(roofline, "measure_matmul_peak", fake)
+    assert roofline.measure_matmul_peak(torch.float32) == 0.2  # the best of the sizes, not the first
+
+
+def test_sweep_leaves_no_progress_line_in_a_notebook(monkeypatch):
+    """In a kernel the bar is shown under a display id and blanked at the end (no frozen '0%' line)."""
+    from labkernels import sweep as sweep_module
+
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj, raw=False):
+            updates.append((obj, raw))
+
+    monkeypatch.setattr(sweep_module, "_in_kernel", lambda: True)
+    monkeypatch.setattr(
+        "IPython.display.display", lambda obj, display_id=False: shown.append(obj) or Handle()
+    )
+    table = sweep(lambda n: {"y": n}, {"n": [1, 2, 3]}, desc="unit")
+    assert table.column("y") == [1, 2, 3]
+    assert len(shown) == 1 and updates == [({"text/plain": ""}, True)]

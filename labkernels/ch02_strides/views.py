@@ -428,20 +428,38 @@ def draw_view(
     )
     ax.text(-0.3, top + 0.5, "storage", ha="right", va="center", fontsize=8)
 
+    ax.set_xlim(-2.2, max(n_storage, cols) + 0.5)
+    ax.set_ylim(-0.5, top + cell + 1.2)
+    # Two lines of text fit in a grid cell only if it is tall enough on paper; else keep the storage index.
+    both = _cell_points(ax) >= 30
     for k in range(numel):
         r, c = divmod(k, cols)
         y = (rows - 1 - r) * cell
         ax.add_patch(Rectangle((c * cell, y), cell, cell, facecolor=colour[k], edgecolor="black", lw=0.6))
-        ax.text(c + 0.5, y + 0.62, f"#{k}", ha="center", va="center", fontsize=6, color=_ink(k, numel))
-        ax.text(c + 0.5, y + 0.3, f"s{pos[k]}", ha="center", va="center", fontsize=7, color=_ink(k, numel))
+        if both:
+            ax.text(c + 0.5, y + 0.62, f"#{k}", ha="center", va="center", fontsize=6, color=_ink(k, numel))
+        ax.text(
+            c + 0.5,
+            y + (0.3 if both else 0.5),
+            f"s{pos[k]}",
+            ha="center",
+            va="center",
+            fontsize=7,
+            color=_ink(k, numel),
+        )
     ax.text(-0.3, rows / 2, "view", ha="right", va="center", fontsize=8)
-
-    ax.set_xlim(-2.2, max(n_storage, cols) + 0.5)
-    ax.set_ylim(-0.5, top + cell + 1.2)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(title or f"sizes {sizes}  strides {strides}  offset {offset}", fontsize=9)
     return ax
+
+
+def _cell_points(ax) -> float:
+    """Side of one unit cell in points once the equal aspect is applied: the smaller of the two scales."""
+    fig_w, fig_h = ax.figure.get_size_inches() * 72
+    box = ax.get_position()
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    return min(fig_w * box.width / (x1 - x0), fig_h * box.height / (y1 - y0))
 
 
 def _ink(k: int, numel: int) -> str:
