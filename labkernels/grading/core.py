@@ -1,17 +1,19 @@
 """What an exercise's grading function works with: cases, fresh random inputs, poisoned and guarded outputs.
 
-A grading function runs inside a sandboxed child process (see `sandbox`); it receives the learner's answer
-and a `Grader`, and opens one `case` per thing it checks. Any exception inside a case fails that case and
-its message becomes the reason shown to the learner; the next case still runs.
+A grading function runs in the grading process; it receives the learner's answer as a proxy (`remote.Student`:
+each call runs in a worker process that never sees a reference or a score) and a `Grader`, and opens one
+`case` per thing it checks. Any exception inside a case fails that case and its message becomes the reason
+shown to the learner; the next case still runs. Inputs, references and comparisons all live here: the worker
+gets copies of the inputs and sends back what the answer wrote into the outputs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +34,9 @@ class Exercise:
     speed_points: float  # GPU-lane performance points (skipped on the CPU lane)
     grade: Callable[[object, Grader], None]
     timeout_s: float
+    # What the answer must be built from: "triton" (its own Triton kernel ran, no torch compute op), "cpp"
+    # (its own C++ op, no torch compute op), or None (any Python). Checked on every call of the answer.
+    requires: str | None = None
 
     @property
     def chapter(self) -> str:
@@ -41,13 +46,23 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(ex_id: str, title: str, *, points: float, speed_points: float = 0, timeout_s: float = 180):
+def exercise(
+    ex_id: str,
+    title: str,
+    *,
+    points: float,
+    speed_points: float = 0,
+    timeout_s: float = 180,
+    requires: str | None = None,
+):
     """Register a grading function for exercise `ex_id` ("3.1")."""
+    if requires not in (None, "triton", "cpp"):
+        raise ValueError(f"exercise {ex_id}: requires must be None, 'triton' or 'cpp', not {requires!r}")
 
     def register(fn: Callable[[object, Grader], None]):
         if ex_id in EXERCISES and EXERCISES[ex_id].grade.__qualname__ != fn.__qualname__:
             raise ValueError(f"exercise {ex_id} registered twice")
-        EXERCISES[ex_id] = Exercise(ex_id, title, points, speed_points, fn, timeout_s)
+        EXERCISES[ex_id] = Exercise(ex_id, title, points, speed_points, fn, timeout_s, requires)
         return fn
 
     return register
@@ -59,33 +74,29 @@ _INT_CANARY = -7777
 
 
 class Grader:
-    """Collects case results (streamed to `results_path` as JSON lines so a crash keeps what was graded)."""
+    """Collects case results; holds the inputs, the references and the comparisons (the answer is remote)."""
 
-    def __init__(self, results_path: str | None = None, speed: bool = False):
-        self.results_path = results_path
+    def __init__(self, speed: bool = False, lane: str = LANE):
+        self.lane = lane
+        self.student = None  # the remote.Student proxy, set by the runner
+        self.current_case: str | None = None
         self.speed = speed  # True: run only the gpu_only cases; False: only the correctness cases
         self.results: list[dict] = []
         seed = int.from_bytes(os.urandom(8), "little") >> 1  # fresh inputs at every grading
         self.random = random.Random(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self._guards: list[tuple[torch.Tensor, int, int, float]] = []
+        self._outputs: list[torch.Tensor] = []  # tensors the answer writes: copied back from the worker
         self._copy_gbps: float | None = None
         self._skipping = False
 
     # --- cases ------------------------------------------------------------------------------------------
-    def _emit(self, record: dict) -> None:
-        if self.results_path:
-            with open(self.results_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-
     @contextlib.contextmanager
     def case(self, name: str, points: float, gpu_only: bool = False):
         """One graded case; yields True when its body is graded. A correctness run skips gpu_only cases
         and a speed run skips the others: a skipped body stops at its first grader call (`_Skip`)."""
         graded_in_this_run = gpu_only == self.speed
-        if graded_in_this_run and gpu_only and LANE != "gpu":
+        if graded_in_this_run and gpu_only and self.lane != "gpu":
             reason = "skipped on the CPU lane: interpreter timings say nothing about a GPU"
             self._record(
                 {
@@ -97,7 +108,7 @@ class Grader:
                     "reason": reason,
                 }
             )
-        if not graded_in_this_run or (gpu_only and LANE != "gpu"):
+        if not graded_in_this_run or (gpu_only and self.lane != "gpu"):
             self._skipping = True
             try:
                 yield False
@@ -107,7 +118,8 @@ class Grader:
                 self._skipping = False
             return
         self._guards.clear()
-        self._emit({"event": "start", "case": name})
+        self._outputs.clear()
+        self.current_case = name
         result = {"case": name, "points": points, "gpu_only": gpu_only}
         try:
             yield True
@@ -116,12 +128,19 @@ class Grader:
             result.update(status="fail", earned=0, reason=_reason(e))
         else:
             result.update(status="pass", earned=points, reason="")
+        self.current_case = None
         self._record(result)
 
     def _record(self, result: dict) -> None:
-        result = {"event": "case", **result}
-        self.results.append(result)
-        self._emit(result)
+        self.results.append({"event": "case", **result})
+
+    def output(self, t: torch.Tensor) -> torch.Tensor:
+        """Mark `t` as an output of the answer: what the answer writes into it is copied back here."""
+        self._outputs.append(t)
+        return t
+
+    def output_storages(self) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in self._outputs}
 
     def _not_skipping(self) -> None:
         if self._skipping:
@@ -158,6 +177,7 @@ class Grader:
         out = buffer[guard : guard + numel].view(shape)
         out.fill_(float("nan") if dtype.is_floating_point else -1)
         self._guards.append((buffer, guard, numel, canary))
+        self._outputs.append(buffer)
         return out
 
     def check_guards(self) -> None:
@@ -192,18 +212,76 @@ class Grader:
             raise CaseFailed("wrong values: " + "; ".join(lines[:3])) from None
 
     def copy_bandwidth(self) -> float:
+        self._not_skipping()
         if self._copy_gbps is None:
             from labkernels.roofline import measure_copy_bandwidth
 
             self._copy_gbps = measure_copy_bandwidth()
         return self._copy_gbps
 
-    def expect_bandwidth(self, fn: Callable[[], object], traffic, fraction: float) -> float:
-        """Time `fn` (GPU lane) and require traffic.bytes / time >= fraction × measured copy bandwidth."""
+    def time_answer(self, fn: Callable[[], object], check: Callable[..., None] | None = None) -> float:
+        """Median ms of the answer's call that `fn` makes (`lambda: student(x, y, out)`), each timed
+        repetition on fresh inputs it has never seen (so a memo of an earlier result cannot help); a sample of
+        the timed repetitions' outputs is then read back and checked: written everywhere, and `check(*args)`
+        (the same call's arguments, this repetition's tensors) passes."""
+        self._not_skipping()
+        with self.student.capturing() as calls:
+            fn()
+        if len(calls) != 1:
+            raise RuntimeError(f"time_answer: fn must call the answer once, it called it {len(calls)} times")
+        args, kwargs = calls[0]
+        template = _tensors_in((args, kwargs))
+        outputs = self.output_storages()
+        is_out = [t.untyped_storage().data_ptr() in outputs for t in template]
+        if not any(is_out):
+            raise RuntimeError("time_answer: the call has no output tensor (use guarded_empty or g.output)")
+        warmup, reps = (5, 20) if self.lane == "gpu" else (1, 3)
+        seed = self.random.getrandbits(31)
+        times = self.student.time(args, kwargs, is_out, seed=seed, warmup=warmup, reps=reps)
+        if len(times) != reps or not all(isinstance(t, float) and t > 0 for t in times):
+            raise CaseFailed("the timed calls did not all complete")
+        picks = sorted(self.random.sample(range(warmup, warmup + reps), k=min(3, reps)))
+        for pick, back in zip(picks, self.student.fetch(picks), strict=True):
+            self.check_variant(args, kwargs, is_out, seed, pick, back, check)
+        return statistics.median(times)
+
+    def check_variant(self, args, kwargs, is_out, seed, index, outs, check) -> None:
+        """Check timed repetition `index`: its outputs `outs` (read back) against its inputs (regenerated)."""
+        from labkernels.grading.child import replace_tensors
+
+        template = _tensors_in((args, kwargs))
+        tensors = make_variants(template, is_out, index + 1, seed, only=index)[0]
+        mine = [t for t, out in zip(tensors, is_out, strict=True) if out]
+        if len(outs) != len(mine):
+            raise CaseFailed("a timed repetition's outputs did not come back")
+        it = iter(outs)
+        for k, out in enumerate(is_out):
+            if out:
+                theirs = next(it)
+                if not isinstance(theirs, torch.Tensor) or theirs.shape != tensors[k].shape:
+                    raise CaseFailed("a timed repetition's output came back with another shape")
+                tensors[k] = theirs.to(tensors[k].device)
+                if tensors[k].is_floating_point() and bool(torch.isnan(tensors[k]).any()):
+                    raise CaseFailed(
+                        f"timed repetition {index}: the output was not fully written (fresh inputs each "
+                        "repetition: an answer that reuses an earlier result fails here)"
+                    )
+        if check is not None:
+            (a, kw), _ = replace_tensors((args, kwargs), tensors)
+            try:
+                check(*a, **kw)
+            except CaseFailed as e:
+                raise CaseFailed(f"timed repetition {index} (fresh inputs): {e}") from None
+
+    def expect_bandwidth(
+        self, fn: Callable[[], object], traffic, fraction: float, check: Callable[..., None] | None = None
+    ) -> float:
+        """Time the answer's call in `fn` (GPU lane; see `time_answer`) and require traffic.bytes / time >=
+        fraction × measured copy bandwidth."""
         self._not_skipping()
         from labkernels import timing
 
-        ms = timing.time_ms(fn)
+        ms = self.time_answer(fn, check)
         achieved = timing.gbps(traffic.bytes, ms)
         ceiling = self.copy_bandwidth()
         self.expect(
@@ -212,6 +290,35 @@ class Grader:
             f"{ceiling:.0f} GB/s; needs {fraction:.0%}",
         )
         return achieved
+
+
+def _tensors_in(obj) -> list[torch.Tensor]:
+    from labkernels.grading.child import tensors_in
+
+    return tensors_in(obj)
+
+
+def make_variants(template: list, is_out: list[bool], count: int, seed: int, only: int | None = None) -> list:
+    """`count` fresh sets of tensors shaped (and strided) like `template`: inputs filled with new random values,
+    outputs with NaN. Set i depends only on (seed, i), so the grader regenerates any set the worker timed.
+    With `only`, just that set is built (returned as a one-element list)."""
+    sets = []
+    for i in range(count) if only is None else [only]:
+        tensors = []
+        for j, (t, out) in enumerate(zip(template, is_out, strict=True)):
+            fresh = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+            if out:
+                fresh.fill_(float("nan") if t.dtype.is_floating_point else -1)
+            else:
+                gen = torch.Generator(device=t.device).manual_seed((seed * 1_000_003 + i * 1009 + j) % 2**63)
+                if t.dtype.is_floating_point:
+                    values = torch.randn(tuple(t.shape), generator=gen, device=t.device, dtype=torch.float32)
+                else:
+                    values = torch.randint(-100, 100, tuple(t.shape), generator=gen, device=t.device)
+                fresh.copy_(values.to(t.dtype))
+            tensors.append(fresh)
+        sets.append(tensors)
+    return sets
 
 
 class _Skip(Exception):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import nbformat
@@ -99,82 +98,246 @@ def out_of_sync(solutions: Path, exercises: Path) -> list[str]:
 
 
 # --- grading a folder of notebooks ---------------------------------------------------------------------
+#
+# Trust model: the notebook runs in its own kernel, in a fresh temporary folder, with an environment built here;
+# `check(...)` there only hands the answer in (its source, appended to a file). After the notebook has run and
+# every process it started has been killed, *this* process grades each exercise of the chapter from what was
+# handed in (the answer runs in a worker, see `remote`), and the possible points come from the registry.
 
 CHAPTER = re.compile(r"^(\d\d)_")
+MAX_SUBMISSIONS_BYTES = 50_000_000
 
 
-def grade_notebook(path: Path, cell_timeout: int) -> dict:
-    """Execute one notebook (errors allowed) and collect the `check` records it logged."""
+def _set_subreaper() -> None:
+    """Orphans of the notebook (double forks, new sessions) become our children, so they can be killed."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux: process groups only
+        pass
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_descendants() -> int:
+    """SIGKILL every process below this one (repeatedly: a dying parent's orphans come back to us)."""
+    import signal
+
+    killed = 0
+    for _ in range(20):
+        pids = _descendants(os.getpid())
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        import time
+
+        time.sleep(0.05)
+    return killed
+
+
+_KERNEL_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "CUDA_VISIBLE_DEVICES",
+    "TORCH_EXTENSIONS_DIR",
+    "MPLBACKEND",
+)
+
+
+def _kernel_env(submit_path: str) -> dict:
+    from labkernels.grading import SUBMIT_ENV
+    from labkernels.lane import LANE
+
+    env = {k: os.environ[k] for k in _KERNEL_ENV if k in os.environ}
+    env.update({SUBMIT_ENV: submit_path, "LABKERNELS_LANE": LANE, "PYDEVD_DISABLE_FILE_VALIDATION": "1"})
+    return env
+
+
+def _read_submissions(path: Path, chapter: str) -> tuple[dict[str, dict], list[str]]:
+    """The last answer handed in for each exercise of `chapter` (answers for other chapters are ignored)."""
+    answers, notes = {}, []
+    if not path.exists():
+        return answers, notes
+    if path.stat().st_size > MAX_SUBMISSIONS_BYTES:
+        return answers, ["the handed-in answers are too large to read"]
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+            ex_id, answer = str(rec["exercise"]), rec["answer"]
+            if not isinstance(answer, dict) or answer.get("kind") not in ("code", "data", "error"):
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue
+        if ex_id.split(".")[0].zfill(2) != chapter:
+            notes.append(f"check({ex_id!r}) in a chapter {chapter} notebook is not graded here")
+            continue
+        answers[ex_id] = answer
+    return answers, notes
+
+
+def execute_notebook(nb, workdir: Path, cell_timeout: int, submit_path: Path) -> str | None:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    from labkernels.grading import LOG_ENV
+    try:
+        client = NotebookClient(
+            nb,
+            timeout=cell_timeout,
+            allow_errors=True,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(workdir)}},
+        )
+        client.execute(env=_kernel_env(str(submit_path)), cwd=str(workdir))
+    except CellTimeoutError:
+        return f"a cell ran longer than {cell_timeout} s and was stopped"
+    except DeadKernelError:
+        return "the notebook's kernel died"
+    except Exception as e:  # noqa: BLE001
+        return f"execution failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    finally:
+        kill_descendants()
+    return None
+
+
+def grade_notebook(
+    path: Path, cell_timeout: int, data: bytes | None = None, chapter: str | None = None
+) -> dict:
+    """Execute one notebook (errors allowed) in a fresh folder, then grade what it handed in, here."""
+    import tempfile
+
+    from labkernels.grading import make_record, sandbox
     from labkernels.grading.registry import for_chapter
+    from labkernels.lane import LANE
 
     match = CHAPTER.match(path.name)
-    expected = for_chapter(match.group(1)) if match else []
-    report = {"notebook": str(path), "problem": None, "exercises": []}
+    chapter = chapter or (match.group(1) if match else None)
+    expected = for_chapter(chapter) if chapter else []
+    report = {"notebook": str(path), "problem": None, "exercises": [], "notes": []}
+    data = path.read_bytes() if data is None else data
     try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as e:
+        nb = nbformat.reads(data.decode(), as_version=4)
+    except Exception as e:  # noqa: BLE001
         report["problem"] = f"not a readable notebook: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         nb = None
-    records: dict[tuple[str, bool], dict] = {}
+    answers: dict[str, dict] = {}
     if nb is not None:
-        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as log:
-            log_path = log.name
-        old = os.environ.get(LOG_ENV)
-        os.environ[LOG_ENV] = log_path
-        try:
-            client = NotebookClient(
-                nb,
-                timeout=cell_timeout,
-                allow_errors=True,
-                kernel_name="python3",
-                resources={"metadata": {"path": str(path.parent.resolve())}},
-            )
-            client.execute()
-        except CellTimeoutError:
-            report["problem"] = f"a cell ran longer than {cell_timeout} s and was stopped"
-        except DeadKernelError:
-            report["problem"] = "the notebook's kernel died"
-        except Exception as e:
-            report["problem"] = f"execution failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        finally:
-            if old is None:
-                os.environ.pop(LOG_ENV, None)
-            else:
-                os.environ[LOG_ENV] = old
-        for line in Path(log_path).read_text().splitlines():
-            rec = json.loads(line)
-            records[(rec["exercise"], rec["speed"])] = rec
-        os.unlink(log_path)
+        with tempfile.TemporaryDirectory(prefix="labkernels-submission-") as tmp:
+            workdir = Path(tmp) / "work"
+            workdir.mkdir()
+            submit_path = Path(tmp) / "handed-in.jsonl"
+            report["problem"] = execute_notebook(nb, workdir, cell_timeout, submit_path)
+            answers, report["notes"] = _read_submissions(submit_path, chapter or "")
     for ex in expected:
-        for speed, possible in ((False, ex.points), (True, ex.speed_points)):
-            if possible == 0:
+        answer = answers.get(ex.ex_id)
+        for speed in (False, True):
+            if (ex.speed_points if speed else ex.points) == 0:
                 continue
-            rec = records.get((ex.ex_id, speed))
-            if rec is None:
-                rec = {
-                    "exercise": ex.ex_id,
-                    "title": ex.title,
-                    "speed": speed,
-                    "earned": 0,
-                    "possible": possible,
-                    "cases": [],
-                    "error": "its check cell did not run",
-                }
-            report["exercises"].append(rec)
+            if answer is None:
+                outcome = {"cases": [], "error": "its check cell did not run"}
+            elif answer["kind"] == "error":
+                outcome = {"cases": [], "error": str(answer.get("error"))[:300]}
+            elif speed and LANE != "gpu":
+                outcome = {"cases": [], "error": "skipped on the CPU lane"}
+            else:
+                outcome = sandbox.run(ex, answer, speed=speed, timeout_s=ex.timeout_s)
+            report["exercises"].append(make_record(ex, speed, outcome, LANE))
     return report
+
+
+def missing_chapter(chapter: str, why: str) -> dict:
+    from labkernels.grading import make_record
+    from labkernels.grading.registry import for_chapter
+    from labkernels.lane import LANE
+
+    report = {"notebook": f"{chapter}_*.ipynb", "problem": why, "exercises": [], "notes": []}
+    for ex in for_chapter(chapter):
+        for speed in (False, True):
+            if (ex.speed_points if speed else ex.points) == 0:
+                continue
+            report["exercises"].append(make_record(ex, speed, {"cases": [], "error": why}, LANE))
+    return report
+
+
+def plan_submission(folder: Path) -> tuple[list[tuple[Path, str]], list[dict]]:
+    """(notebooks to grade with their chapter, reports for what is missing, duplicated or misnamed)."""
+    from labkernels.grading.registry import discover
+
+    chapters = sorted({ex.chapter for ex in discover().values() if ex.chapter.isdigit()})
+    by_chapter: dict[str, list[Path]] = {}
+    extra: list[dict] = []
+    for nb in sorted(folder.glob("*.ipynb")):
+        m = CHAPTER.match(nb.name)
+        if not m or m.group(1) not in chapters:
+            extra.append(
+                {
+                    "notebook": str(nb),
+                    "problem": "not graded: a notebook's name must start with a chapter "
+                    f"number ({', '.join(c + '_' for c in chapters)})",
+                    "exercises": [],
+                    "notes": [],
+                }
+            )
+            continue
+        by_chapter.setdefault(m.group(1), []).append(nb)
+    todo = []
+    for chapter in chapters:
+        found = by_chapter.get(chapter, [])
+        if not found:
+            extra.append(missing_chapter(chapter, f"no notebook for chapter {chapter} was handed in"))
+            continue
+        todo.append((found[0], chapter))
+        for dup in found[1:]:
+            extra.append(
+                {
+                    "notebook": str(dup),
+                    "problem": f"not graded: a second chapter {chapter} notebook ({found[0].name} is graded)",
+                    "exercises": [],
+                    "notes": [],
+                }
+            )
+    return todo, extra
 
 
 def grade_folder(folder: Path, cell_timeout: int = 600) -> list[dict]:
     if not folder.is_dir():
         raise FileNotFoundError(f"no such folder of notebooks: {folder}")
-    notebooks = sorted(folder.glob("*.ipynb"))
-    if not notebooks:
+    if not list(folder.glob("*.ipynb")):
         raise FileNotFoundError(f"no notebooks (*.ipynb) in {folder}")
-    return [grade_notebook(nb, cell_timeout) for nb in notebooks]
+    _set_subreaper()
+    todo, extra = plan_submission(folder)
+    data = {nb: nb.read_bytes() for nb, _ in todo}  # read before any notebook runs: none can rewrite another
+    reports = [grade_notebook(nb, cell_timeout, data[nb], chapter) for nb, chapter in todo]
+    return reports + extra
 
 
 def score_table(reports: list[dict]) -> str:
@@ -187,8 +350,9 @@ def score_table(reports: list[dict]) -> str:
         for rec in rep["exercises"]:
             part = "speed" if rec["speed"] else "correctness"
             note = rec["error"] or ""
-            if rec["possible"] == 0 and rec["cases"]:
-                note = note or "skipped on the CPU lane"
+            if not note:
+                fails = [c for c in rec["cases"] if c["status"] == "fail"]
+                note = fails[0]["reason"][:90] if fails else ""
             lines.append(
                 f"{name:<28} {rec['exercise']:<9} {part:<12} "
                 f"{rec['earned']:>4g}/{rec['possible']:<4g}  {note}"

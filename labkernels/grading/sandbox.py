@@ -1,4 +1,4 @@
-"""Run a learner's answer in a separate process with a timeout.
+"""Ship a learner's answer to the grader (`bundle`) and grade it (`run`): the answer runs in a worker process.
 
 Why a process: under the Triton interpreter an unmasked store past a tensor's end silently corrupts the
 host heap (the process dies later with `free(): invalid next size`); on the GPU an illegal address poisons
@@ -11,15 +11,9 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import textwrap
 import time
 import types
-from pathlib import Path
 
 _PLAIN = (int, float, str, bool, type(None))
 
@@ -121,52 +115,56 @@ def bundle(answer) -> dict:
     return {"kind": "data", "value": answer}
 
 
-def run(ex_id: str, answer_bundle: dict, *, speed: bool, timeout_s: float) -> dict:
-    """Grade in a child process; returns {"cases": [...], "error": str | None}."""
-    with tempfile.TemporaryDirectory(prefix="labkernels-grade-") as tmp:
-        payload = Path(tmp) / "payload.json"
-        results = Path(tmp) / "results.jsonl"
-        payload.write_text(json.dumps({"ex_id": ex_id, "answer": answer_bundle, "speed": speed}))
-        cmd = [sys.executable, "-m", "labkernels.grading.child", str(payload), str(results)]
-        error = None
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp
+def run(ex, answer_bundle: dict, *, speed: bool, timeout_s: float, lane: str | None = None) -> dict:
+    """Grade `answer_bundle` for exercise `ex` in this process (the grading process); the answer itself runs in
+    a worker (`remote.Student`). Returns {"cases": [...], "error": str | None, "seconds": float}."""
+    from labkernels.grading.core import Grader
+    from labkernels.grading.remote import Stop, Student
+    from labkernels.lane import LANE
+
+    lane = lane or LANE
+    start = time.monotonic()
+    grader = Grader(speed=speed, lane=lane)
+    student = Student(
+        answer_bundle, requires=ex.requires, deadline=start + timeout_s, lane=lane, timeout_s=timeout_s
+    )
+    student.grader, grader.student = grader, student
+    error = None
+    try:
+        ex.grade(student, grader)
+    except Stop as e:
+        error = str(e)
+    except Exception as e:  # noqa: BLE001  (the grading function tripped on a malformed answer)
+        from labkernels.grading.core import _reason
+
+        error = f"grading stopped: {_reason(e)}"
+    finally:
+        student.close()
+    if student.refusals:  # a kernel exercise answered without the kernel: no case counts
+        why = student.refusals[0]
+        for case in grader.results:
+            if case["status"] == "pass":
+                case.update(status="fail", earned=0, reason=f"not counted: {why}")
+    if error and grader.current_case is not None:
+        name = grader.current_case
+        points = _case_points(ex, name)
+        grader.results.append(
+            {
+                "event": "case",
+                "case": name,
+                "points": points,
+                "gpu_only": speed,
+                "status": "fail",
+                "earned": 0,
+            }
+            | {"reason": error}
         )
-        try:
-            _, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            error = f"timed out after {timeout_s:.0f} s (an infinite loop, or a grid far too large?)"
-        else:
-            if proc.returncode < 0:
-                error = f"the grading process crashed ({signal.Signals(-proc.returncode).name})"
-            elif proc.returncode != 0:
-                error = _last_line(stderr) or f"the grading process exited with code {proc.returncode}"
-        records = _read(results)
-        cases = [r for r in records if r.get("event") == "case"]
-        started = [r["case"] for r in records if r.get("event") == "start"]
-        if error and started and (not cases or cases[-1]["case"] != started[-1]):
-            error = f"{error} during case {started[-1]!r}"
-        return {"cases": cases, "error": error, "seconds": time.monotonic() - start}
+        error = f"{error} during case {name!r}"
+    return {"cases": grader.results, "error": error, "seconds": time.monotonic() - start}
 
 
-def _read(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a record cut short by a crash
-    return out
-
-
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
+def _case_points(ex, name: str) -> float:
+    return 0  # the points of an interrupted case are not known here; it scores zero either way
 
 
 __all__ = ["bundle", "run"]

@@ -1,0 +1,158 @@
+"""What the learner's answer did while it ran, recorded inside the worker process (see `worker`).
+
+A kernel exercise asks for a kernel: the answer may allocate, view and copy tensors, but the values must come
+from the learner's own Triton kernel (or C++ op), not from torch's compute ops, nor from a kernel of the
+course. Two recorders run around every call of the answer:
+
+- `AtenRecorder`, a TorchDispatchMode, sees every ATen op dispatched, including those a C++ extension's
+  pybind function calls (`at::clamp` goes through the dispatcher too); a custom op (`my_ops::relu_sq`) is
+  seen as itself, and its kernels must be registered from C++ (`python_kernels` reads the dispatcher's table);
+- `TritonLaunches` wraps Triton's launch (compiled and interpreted) and records which kernel ran, and from
+  which module: the learner's code is loaded as the module `submission`.
+
+`verdict(...)` turns what they saw into the reason the learner reads, or None. These run in the process that
+runs the learner's code, so a submission written to attack them could switch them off; they catch answers
+that call torch or the course instead of writing the kernel, the verdicts themselves are decided elsewhere.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.abc
+import sys
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SUBMISSION = "submission"  # the module name the learner's code is loaded under in the worker
+
+# ATen ops an answer may call in a kernel exercise: allocation, views, metadata, copies and fills. Anything
+# else in the aten namespace computes values, and a kernel exercise asks the learner's kernel to do that.
+ALLOWED_ATEN = frozenset(
+    """
+    empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like ones ones_like full full_like
+    new_zeros new_ones new_full fill_ zero_ copy_ _to_copy to clone contiguous detach alias lift_fresh
+    view _unsafe_view as_strided _reshape_alias reshape t transpose permute expand expand_as unsqueeze squeeze
+    slice select narrow split unbind flatten unflatten view_as movedim swapaxes numel size stride is_contiguous
+    sym_size sym_stride sym_numel sym_storage_offset _local_scalar_dense item resize_ is_same_size
+    arange scalar_tensor _has_compatible_shallow_copy_type set_ record_stream
+    """.split()
+)
+
+
+def _op_name(func) -> str:
+    return func._schema.name  # "aten::relu", "my_ops::relu_sq"
+
+
+class AtenRecorder(TorchDispatchMode):
+    """Counts every op dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = _op_name(func)
+        self.seen[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def python_kernels(op_name: str) -> list[str]:
+    """The dispatch keys whose kernel for `op_name` was registered from a Python file (not compiled code)."""
+    import torch
+
+    try:
+        dump = torch._C._dispatch_dump(op_name)
+    except RuntimeError:
+        return []
+    found = []
+    for line in dump.splitlines():
+        key, _, rest = line.partition(": registered at ")
+        if rest and key.strip() not in ("debug", "Meta") and ".py:" in rest.split(" ::")[0]:
+            found.append(key.strip())
+    return found
+
+
+class TritonLaunches:
+    """Records (module, kernel name) of every Triton launch while `active`."""
+
+    def __init__(self):
+        self.launches: list[tuple[str, str]] = []
+        self.active = False
+
+    def install(self) -> None:
+        import triton.runtime.jit as jit
+
+        classes = [jit.JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            classes.append(InterpretedFunction)
+        except ImportError:  # pragma: no cover - older triton
+            pass
+        for cls in classes:
+            original = cls.run
+            if getattr(original, "_labkernels_wrapped", False):
+                continue
+
+            def run(fn_self, *args, _original=original, **kwargs):
+                if self.active:
+                    fn = getattr(fn_self, "fn", None)
+                    module = getattr(fn, "__module__", None) or "?"
+                    self.launches.append((module, getattr(fn, "__name__", "?")))
+                return _original(fn_self, *args, **kwargs)
+
+            run._labkernels_wrapped = True
+            cls.run = run
+
+
+def verdict(requires: str | None, seen: collections.Counter, launches: list[tuple[str, str]]) -> str | None:
+    """Why this call does not count for an exercise that `requires` a kernel ("triton" / "cpp"), or None."""
+    if requires is None:
+        return None
+    foreign = sorted({f"{m}.{n}" for m, n in launches if m != SUBMISSION})
+    if foreign:
+        return (
+            f"your answer launched {', '.join(foreign)}, a kernel that is not yours; "
+            f"this exercise asks for your own {_kind(requires)}"
+        )
+    custom = sorted(n for n in seen if not n.startswith(("aten::", "prims::")))
+    if requires == "triton" and custom:
+        return f"your answer called the op {', '.join(custom)}; this exercise asks for a Triton kernel"
+    for name in custom:
+        keys = python_kernels(name)
+        if keys:
+            return (
+                f"{name}'s kernel ({', '.join(keys)}) is registered from Python; "
+                "this exercise asks for a C++ kernel"
+            )
+    compute = sorted(
+        n for n in seen if n.startswith(("aten::", "prims::")) and n.split("::")[1] not in ALLOWED_ATEN
+    )
+    if compute:
+        shown = ", ".join(compute[:4]) + (" ..." if len(compute) > 4 else "")
+        return f"your answer called {shown}; this exercise asks for {_kind(requires)}, not torch's ops"
+    if requires == "triton" and not launches:
+        return "your answer launched no Triton kernel; this exercise asks for a Triton kernel"
+    return None
+
+
+def _kind(requires: str) -> str:
+    return {"triton": "a Triton kernel", "cpp": "a C++ kernel"}.get(requires, requires)
+
+
+class BlockGraderImports(importlib.abc.MetaPathFinder):
+    """The grader's own modules (their references are answers) cannot be imported by the learner's code."""
+
+    PREFIXES = ("labkernels.grading.exercises_", "grading_fixtures", "labkernels.grading.registry")
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(self.PREFIXES):
+            raise ImportError(f"{fullname} is the grader's: an answer cannot import it")
+        return None
+
+    @classmethod
+    def install(cls) -> None:
+        for name in list(sys.modules):
+            if name.startswith(cls.PREFIXES):
+                del sys.modules[name]
+        sys.meta_path.insert(0, cls())
