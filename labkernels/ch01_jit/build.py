@@ -120,10 +120,11 @@ def private_libstdcxx_flags() -> tuple[str, ...]:
 
 def child_env() -> dict[str, str]:
     """The environment for a child Python that imports labkernels: the repository (or site-packages) on
-    PYTHONPATH ahead of anything else, and this interpreter's bin/ (ninja) on PATH."""
+    PYTHONPATH ahead of anything else, and the PATH this process builds with. The child must find the same
+    ninja as this process: a different ninja version does not read the other's build log and rebuilds all."""
+    ensure_ninja_on_path()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH")) if p)
-    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH")) if p)
     return env
 
 

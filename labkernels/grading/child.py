@@ -119,7 +119,7 @@ class Worker:
         self.launches = guard.TritonLaunches()
         self.launches.install()
         guard.BlockGraderImports.install()
-        # Timers taken before the learner's code loads (a later patch of torch.cuda.Event does not reach them).
+        # Timers taken before the learner's code loads (a later patch of torch.cuda.Event cannot reach them).
         import torch
 
         self.perf_counter = time.perf_counter

@@ -299,7 +299,7 @@ def _tensors_in(obj) -> list[torch.Tensor]:
 
 
 def make_variants(template: list, is_out: list[bool], count: int, seed: int, only: int | None = None) -> list:
-    """`count` fresh sets of tensors shaped (and strided) like `template`: inputs filled with new random values,
+    """`count` fresh sets of tensors shaped (and strided) like `template`: inputs with new random values,
     outputs with NaN. Set i depends only on (seed, i), so the grader regenerates any set the worker timed.
     With `only`, just that set is built (returned as a one-element list)."""
     sets = []

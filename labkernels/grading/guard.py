@@ -32,8 +32,9 @@ ALLOWED_ATEN = frozenset(
     empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like ones ones_like full full_like
     new_zeros new_ones new_full fill_ zero_ copy_ _to_copy to clone contiguous detach alias lift_fresh
     view _unsafe_view as_strided _reshape_alias reshape t transpose permute expand expand_as unsqueeze squeeze
-    slice select narrow split unbind flatten unflatten view_as movedim swapaxes numel size stride is_contiguous
-    sym_size sym_stride sym_numel sym_storage_offset _local_scalar_dense item resize_ is_same_size
+    slice select narrow split unbind flatten unflatten view_as movedim swapaxes numel size stride
+    is_contiguous sym_size sym_stride sym_numel sym_storage_offset _local_scalar_dense item resize_
+    is_same_size
     arange scalar_tensor _has_compatible_shallow_copy_type set_ record_stream
     """.split()
 )

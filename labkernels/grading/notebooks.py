@@ -99,10 +99,10 @@ def out_of_sync(solutions: Path, exercises: Path) -> list[str]:
 
 # --- grading a folder of notebooks ---------------------------------------------------------------------
 #
-# Trust model: the notebook runs in its own kernel, in a fresh temporary folder, with an environment built here;
-# `check(...)` there only hands the answer in (its source, appended to a file). After the notebook has run and
-# every process it started has been killed, *this* process grades each exercise of the chapter from what was
-# handed in (the answer runs in a worker, see `remote`), and the possible points come from the registry.
+# Trust model: the notebook runs in its own kernel, in a fresh temporary folder, with an environment built
+# here; `check(...)` there only hands the answer in (its source, appended to a file). After the notebook has
+# run and every process it started has been killed, *this* process grades each exercise of the chapter from
+# what was handed in (the answer runs in a worker, see `remote`); the possible points come from the registry.
 
 CHAPTER = re.compile(r"^(\d\d)_")
 MAX_SUBMISSIONS_BYTES = 50_000_000

@@ -158,7 +158,7 @@ class Student:
         return self._resolve(reply.get("result"), sent)
 
     def map(self, arglist: list[tuple]) -> list:
-        """Call the answer on each argument tuple (plain data), in one round trip; raises at the first failure."""
+        """Call the answer on each argument tuple (plain data), in one round trip; raises at an error."""
         return list(self.request({"op": "map", "arglist": [tuple(a) for a in arglist]})["result"])
 
     def build_inline(self, name: str, source: str, functions: list[str]) -> RemoteModule:
@@ -217,7 +217,8 @@ class Student:
                 _storage_bytes(mine).copy_(_storage_bytes(theirs).to(mine.device))
             elif not torch.equal(_storage_bytes(mine), _storage_bytes(theirs).to(mine.device)):
                 raise CaseFailed(
-                    f"your answer changed its input (tensor argument {i}); inputs must stay as they were given"
+                    f"your answer changed its input (tensor argument {i}); "
+                    "inputs must stay as they were given"
                 )
 
     def _resolve(self, result, sent):

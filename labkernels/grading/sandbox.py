@@ -116,7 +116,7 @@ def bundle(answer) -> dict:
 
 
 def run(ex, answer_bundle: dict, *, speed: bool, timeout_s: float, lane: str | None = None) -> dict:
-    """Grade `answer_bundle` for exercise `ex` in this process (the grading process); the answer itself runs in
+    """Grade `answer_bundle` for exercise `ex` in this process (the grading process); the answer runs in
     a worker (`remote.Student`). Returns {"cases": [...], "error": str | None, "seconds": float}."""
     from labkernels.grading.core import Grader
     from labkernels.grading.remote import Stop, Student

@@ -1,4 +1,5 @@
-"""Hostile answers, graded as functions (the way `check(...)` ships them). Each docstring says what it tries."""
+"""Hostile answers, graded as functions (the way `check(...)` ships them). Each docstring says what it
+tries."""
 
 import triton
 import triton.language as tl
