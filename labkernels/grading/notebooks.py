@@ -180,6 +180,9 @@ def _kernel_env(submit_path: str) -> dict:
 
     env = {k: os.environ[k] for k in _KERNEL_ENV if k in os.environ}
     env.update({SUBMIT_ENV: submit_path, "LABKERNELS_LANE": LANE, "PYDEVD_DISABLE_FILE_VALIDATION": "1"})
+    # The notebook imports the package the grader runs, installed or not (a checkout run from its root).
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return env
 
 
@@ -205,20 +208,35 @@ def _read_submissions(path: Path, chapter: str) -> tuple[dict[str, dict], list[s
     return answers, notes
 
 
-def execute_notebook(nb, workdir: Path, cell_timeout: int, submit_path: Path) -> str | None:
+TIME_LIMIT = "the notebook exceeded its time limit"
+
+
+def execute_notebook(
+    nb, workdir: Path, cell_timeout: int, submit_path: Path, deadline: float | None = None
+) -> str | None:
+    """Run every cell (errors allowed); no cell runs past `cell_timeout` nor past `deadline` (monotonic)."""
+    import time
+
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    def timeout_for(_cell) -> int:
+        left = cell_timeout if deadline is None else min(cell_timeout, deadline - time.monotonic())
+        return max(1, int(left))
 
     try:
         client = NotebookClient(
             nb,
             timeout=cell_timeout,
+            timeout_func=timeout_for,
             allow_errors=True,
             kernel_name="python3",
             resources={"metadata": {"path": str(workdir)}},
         )
         client.execute(env=_kernel_env(str(submit_path)), cwd=str(workdir))
     except CellTimeoutError:
+        if deadline is not None and time.monotonic() >= deadline - 1:
+            return TIME_LIMIT
         return f"a cell ran longer than {cell_timeout} s and was stopped"
     except DeadKernelError:
         return "the notebook's kernel died"
@@ -229,13 +247,47 @@ def execute_notebook(nb, workdir: Path, cell_timeout: int, submit_path: Path) ->
     return None
 
 
-def grade_notebook(
-    path: Path, cell_timeout: int, data: bytes | None = None, chapter: str | None = None
-) -> dict:
-    """Execute one notebook (errors allowed) in a fresh folder, then grade what it handed in, here."""
-    import tempfile
+def _outcome(ex, answer: dict | None, speed: bool, lane: str, deadline: float | None, defer: bool) -> dict:
+    import time
 
-    from labkernels.grading import make_record, sandbox
+    from labkernels.grading import sandbox
+
+    if answer is None:
+        return {"cases": [], "error": "its check cell did not run"}
+    if answer["kind"] == "error":
+        return {"cases": [], "error": str(answer.get("error"))[:300]}
+    if speed and lane != "gpu":
+        return {"cases": [], "error": "skipped on the CPU lane"}
+    if speed and defer:
+        return {"cases": [], "error": "speed cases not graded yet", "deferred": True}
+    timeout_s = ex.timeout_s if deadline is None else min(ex.timeout_s, deadline - time.monotonic())
+    if timeout_s <= 0:
+        return {"cases": [], "error": TIME_LIMIT}
+    return sandbox.run(ex, answer, speed=speed, timeout_s=timeout_s)
+
+
+def grade_notebook(
+    path: Path,
+    cell_timeout: int,
+    data: bytes | None = None,
+    chapter: str | None = None,
+    *,
+    deadline: float | None = None,
+    seal=None,
+    defer_speed: bool = False,
+) -> dict:
+    """Execute one notebook (errors allowed) in a fresh folder, then grade what it handed in, here.
+
+    `deadline` (monotonic) bounds execution and grading: past it every exercise scores zero (TIME_LIMIT).
+    `seal` (a `classroom.PackageSeal`) is checked once the notebook's processes are dead and again after
+    grading: a changed grading package raises `GraderChanged` (the run must be refused, not scored).
+    `defer_speed`: speed cases are left for `grade_speed` (a class grades them one at a time, afterwards);
+    the answers they need are kept in report["answers"].
+    """
+    import tempfile
+    import time
+
+    from labkernels.grading import make_record
     from labkernels.grading.registry import for_chapter
     from labkernels.lane import LANE
 
@@ -255,23 +307,65 @@ def grade_notebook(
             workdir = Path(tmp) / "work"
             workdir.mkdir()
             submit_path = Path(tmp) / "handed-in.jsonl"
-            report["problem"] = execute_notebook(nb, workdir, cell_timeout, submit_path)
+            report["problem"] = execute_notebook(nb, workdir, cell_timeout, submit_path, deadline)
             answers, report["notes"] = _read_submissions(submit_path, chapter or "")
+        if seal is not None:
+            seal.check(f"after running {path}")
+    if report["problem"] == TIME_LIMIT:
+        answers = {}
     for ex in expected:
         answer = answers.get(ex.ex_id)
+        if report["problem"] == TIME_LIMIT:
+            answer = {"kind": "error", "error": TIME_LIMIT}
         for speed in (False, True):
             if (ex.speed_points if speed else ex.points) == 0:
                 continue
-            if answer is None:
-                outcome = {"cases": [], "error": "its check cell did not run"}
-            elif answer["kind"] == "error":
-                outcome = {"cases": [], "error": str(answer.get("error"))[:300]}
-            elif speed and LANE != "gpu":
-                outcome = {"cases": [], "error": "skipped on the CPU lane"}
-            else:
-                outcome = sandbox.run(ex, answer, speed=speed, timeout_s=ex.timeout_s)
-            report["exercises"].append(make_record(ex, speed, outcome, LANE))
+            outcome = _outcome(ex, answer, speed, LANE, deadline, defer_speed)
+            report["exercises"].append(make_record(ex, speed, outcome, LANE) | _deferred(outcome))
+    if deadline is not None and time.monotonic() > deadline:
+        _zero(report, TIME_LIMIT)
+    elif defer_speed and any(r.get("deferred") for r in report["exercises"]):
+        report["answers"] = {k: v for k, v in answers.items() if v.get("kind") != "error"}
+    if seal is not None:
+        seal.check(f"after grading {path}")
     return report
+
+
+def _deferred(outcome: dict) -> dict:
+    return {"deferred": True} if outcome.get("deferred") else {}
+
+
+def _zero(report: dict, why: str) -> None:
+    """Every exercise of the report scores zero, saying why (a time limit: nothing it decided counts)."""
+    report["problem"] = report["problem"] or why
+    report.pop("answers", None)
+    for rec in report["exercises"]:
+        rec.pop("deferred", None)
+        rec.update(earned=0, error=why)
+        for case in rec["cases"]:
+            if case["status"] == "pass":
+                case.update(status="fail", earned=0, reason=f"not counted: {why}")
+
+
+def grade_speed(report: dict, deadline: float | None = None) -> None:
+    """The speed cases `grade_notebook(defer_speed=True)` left: graded now, from the kept answers."""
+    import time
+
+    from labkernels.grading import make_record, sandbox
+    from labkernels.grading.registry import get
+    from labkernels.lane import LANE
+
+    answers = report.pop("answers", {})
+    for i, rec in enumerate(report["exercises"]):
+        if not rec.pop("deferred", False):
+            continue
+        ex = get(rec["exercise"])
+        left = ex.timeout_s if deadline is None else min(ex.timeout_s, deadline - time.monotonic())
+        if left <= 0:
+            outcome = {"cases": [], "error": "the run exceeded its time limit"}
+        else:
+            outcome = sandbox.run(ex, answers[rec["exercise"]], speed=True, timeout_s=left)
+        report["exercises"][i] = make_record(ex, True, outcome, LANE)
 
 
 def missing_chapter(chapter: str, why: str) -> dict:
@@ -288,15 +382,25 @@ def missing_chapter(chapter: str, why: str) -> dict:
     return report
 
 
-def plan_submission(folder: Path) -> tuple[list[tuple[Path, str]], list[dict]]:
-    """(notebooks to grade with their chapter, reports for what is missing, duplicated or misnamed)."""
+def course_chapters() -> list[str]:
     from labkernels.grading.registry import discover
 
-    chapters = sorted({ex.chapter for ex in discover().values() if ex.chapter.isdigit()})
+    return sorted({ex.chapter for ex in discover().values() if ex.chapter.isdigit()})
+
+
+def plan_submission(
+    folder: Path, chapters: list[str] | None = None
+) -> tuple[list[tuple[Path, str]], list[dict]]:
+    """(notebooks to grade with their chapter, reports for what is missing, duplicated or misnamed).
+    `chapters`: the chapters graded (the instructor's choice; default every chapter of the course)."""
+    every = course_chapters()
+    chapters = sorted(chapters) if chapters else every
     by_chapter: dict[str, list[Path]] = {}
     extra: list[dict] = []
     for nb in sorted(folder.glob("*.ipynb")):
         m = CHAPTER.match(nb.name)
+        if m and m.group(1) in every and m.group(1) not in chapters:
+            continue  # a chapter this run does not grade
         if not m or m.group(1) not in chapters:
             extra.append(
                 {
@@ -328,16 +432,39 @@ def plan_submission(folder: Path) -> tuple[list[tuple[Path, str]], list[dict]]:
     return todo, extra
 
 
-def grade_folder(folder: Path, cell_timeout: int = 600) -> list[dict]:
+def grade_folder(
+    folder: Path,
+    cell_timeout: int = 600,
+    *,
+    notebook_timeout: float | None = None,
+    run_deadline: float | None = None,
+    seal=None,
+    chapters: list[str] | None = None,
+) -> list[dict]:
+    """Grade one submission folder, a notebook at a time, in this process (see `classroom` for a class)."""
+    import time
+
     if not folder.is_dir():
         raise FileNotFoundError(f"no such folder of notebooks: {folder}")
     if not list(folder.glob("*.ipynb")):
         raise FileNotFoundError(f"no notebooks (*.ipynb) in {folder}")
     _set_subreaper()
-    todo, extra = plan_submission(folder)
+    todo, extra = plan_submission(folder, chapters)
     data = {nb: nb.read_bytes() for nb, _ in todo}  # read before any notebook runs: none can rewrite another
-    reports = [grade_notebook(nb, cell_timeout, data[nb], chapter) for nb, chapter in todo]
+    reports = []
+    for nb, chapter in todo:
+        now = time.monotonic()
+        deadline = None if notebook_timeout is None else now + notebook_timeout
+        if run_deadline is not None:
+            if now >= run_deadline:
+                reports.append(missing_chapter(chapter, RUN_LIMIT) | {"notebook": str(nb)})
+                continue
+            deadline = run_deadline if deadline is None else min(deadline, run_deadline)
+        reports.append(grade_notebook(nb, cell_timeout, data[nb], chapter, deadline=deadline, seal=seal))
     return reports + extra
+
+
+RUN_LIMIT = "the run exceeded its time limit"
 
 
 def score_table(reports: list[dict]) -> str:

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,16 @@ MAX_RESTARTS = 4
 
 class Stop(BaseException):  # noqa: N818  (not an Exception: a case's `except Exception` must not swallow it)
     """The exercise cannot go on (time limit reached, the worker keeps dying)."""
+
+
+# `python -I` ignores PYTHONPATH and the working directory (the learner's code cannot put a module of its own
+# ahead of ours), so the worker is told where labkernels lives: installed or not (a checkout run from its
+# root, as on a GPU image), it imports the same package as the grader.
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_WORKER_MAIN = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "runpy.run_module('labkernels.grading.child', run_name='__main__', alter_sys=True)"
+)
 
 
 class Student:
@@ -63,7 +74,7 @@ class Student:
         env = worker_env(self.lane)
         log = open(os.path.join(self._tmp.name, "output.log"), "wb")  # noqa: SIM115  (the answer's prints)
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-m", "labkernels.grading.child", str(to_child_r), str(from_child_w)],
+            [sys.executable, "-I", "-c", _WORKER_MAIN, PACKAGE_ROOT, str(to_child_r), str(from_child_w)],
             pass_fds=(to_child_r, from_child_w),
             stdin=subprocess.DEVNULL,
             stdout=log,
