@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkernels.ch03_triton.matmul import _tile_coordinates  # grouped program order, as chapter 03 teaches
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU
 from labkernels.lane import LANE, on_gpu, require_device
 from labkernels.timing import autotune_bench
@@ -84,21 +85,6 @@ def reference(
     )
     return y.permute(0, 2, 3, 1)
 
-
-@triton.jit
-def _tile_coordinates(
-    tile_id, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr
-):
-    """Grouped ordering (chapter 03): neighbouring programs share filter columns and input rows in L2."""
-    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_SIZE_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
 
 
 @triton.jit
