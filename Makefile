@@ -7,6 +7,8 @@ VPY := $(VENV)/bin/python
 TORCH_PIP_ARGS ?=
 PORT ?= 8888
 DIR ?= submissions
+# make grade: e.g. GRADE_ARGS="-j 2 --export nbgrader --out grades" (see README's instructor guide).
+GRADE_ARGS ?=
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # ninja from the venv must be on PATH for cpp_extension builds; the extension cache stays in the project.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -69,7 +71,7 @@ exercises: venv
 	$(VPY) -m labkernels exercises
 
 grade: venv
-	$(VPY) -m labkernels grade $(DIR) --json grade-report.json
+	$(VPY) -m labkernels grade $(DIR) $(GRADE_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check labkernels tests notebooks solutions

@@ -9,12 +9,9 @@ import sys
 from pathlib import Path
 
 
-def _grade(args) -> int:
-    from labkernels.grading.notebooks import grade_folder, score_table
-
-    report_path = Path(args.json)
+def _check_report_path(report_path: Path) -> str | None:
+    """Before the (long) grading run: a report that cannot be written would lose every result."""
     try:
-        # Before the (long) grading run: a report that cannot be written would lose every result.
         report_path.parent.mkdir(parents=True, exist_ok=True)
         if report_path.is_dir():
             raise IsADirectoryError(f"--json {report_path} is a folder, not a file")
@@ -22,16 +19,11 @@ def _grade(args) -> int:
         if not os.access(target, os.W_OK):
             raise PermissionError(f"{target} is not writable")
     except OSError as e:
-        print(f"make grade: cannot write the report to {report_path}: {e}", file=sys.stderr)
-        return 2
-    try:
-        reports = grade_folder(Path(args.dir), cell_timeout=args.cell_timeout)
-    except FileNotFoundError as e:
-        print(f"make grade: {e}", file=sys.stderr)
-        return 2
-    print(score_table(reports))
-    report_path.write_text(json.dumps(reports, indent=1))
-    print(f"details: {report_path}")
+        return f"cannot write the report to {report_path}: {e}"
+    return None
+
+
+def _expectation(args, reports: list[dict]) -> int:
     earned = sum(r["earned"] for rep in reports for r in rep["exercises"])
     possible = sum(r["possible"] for rep in reports for r in rep["exercises"])
     if args.expect == "full" and (earned != possible or possible == 0):
@@ -41,6 +33,95 @@ def _grade(args) -> int:
         print(f"expected zero, got {earned:g}/{possible:g}", file=sys.stderr)
         return 1
     return 0
+
+
+def _chapters(args) -> list[str] | None:
+    return [c.strip().zfill(2) for c in args.chapters.split(",") if c.strip()] if args.chapters else None
+
+
+def _grade(args) -> int:
+    import time
+
+    from labkernels.grading.classroom import GraderChanged, PackageSeal, is_class_folder
+    from labkernels.grading.notebooks import grade_folder, score_table
+
+    if args.jobs < 1:
+        print("make grade: -j must be at least 1", file=sys.stderr)
+        return 2
+    nb_timeout = args.notebook_timeout or None  # 0: no limit
+    if is_class_folder(Path(args.dir)):
+        return _grade_class(args, nb_timeout)
+    class_only = [
+        o for o, on in (("-j", args.jobs != 1), ("--force", args.force), ("--export", args.export)) if on
+    ]
+    if class_only or args.out:
+        print(
+            f"make grade: {', '.join(class_only + (['--out'] if args.out else []))} grade a class: a folder "
+            f"of student folders; {args.dir} is one submission",
+            file=sys.stderr,
+        )
+        return 2
+    report_path = Path(args.json or "grade-report.json")
+    problem = _check_report_path(report_path)
+    if problem:
+        print(f"make grade: {problem}", file=sys.stderr)
+        return 2
+    run_deadline = None if args.run_timeout is None else time.monotonic() + args.run_timeout
+    try:
+        reports = grade_folder(
+            Path(args.dir),
+            cell_timeout=args.cell_timeout,
+            notebook_timeout=nb_timeout,
+            run_deadline=run_deadline,
+            seal=PackageSeal(),
+            chapters=_chapters(args),
+        )
+    except FileNotFoundError as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 2
+    except GraderChanged as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 3
+    print(score_table(reports))
+    report_path.write_text(json.dumps(reports, indent=1))
+    print(f"details: {report_path}")
+    return _expectation(args, reports)
+
+
+def _grade_class(args, nb_timeout: float | None) -> int:
+    from labkernels.grading.classroom import GraderChanged, RefusedOutput, grade_class, summary
+
+    out = Path(args.out or "grades")
+    if args.json and (problem := _check_report_path(Path(args.json))):
+        print(f"make grade: {problem}", file=sys.stderr)
+        return 2
+    try:
+        results = grade_class(
+            Path(args.dir),
+            out,
+            jobs=args.jobs,
+            cell_timeout=args.cell_timeout,
+            notebook_timeout=nb_timeout,
+            run_timeout=args.run_timeout,
+            force=args.force,
+            chapters=_chapters(args),
+            export=args.export,
+        )
+    except RefusedOutput as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 2
+    except GraderChanged as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 3
+    print(summary(results))
+    print(f"gradebook: {out / 'gradebook.csv'} (reasons per exercise; long form: gradebook-long.csv)")
+    print(f"per student: {out / 'students'}/<student>.json")
+    if args.export == "nbgrader":
+        print(f"nbgrader export: {out / 'nbgrader.csv'}")
+    reports = [rep for reps in results.values() for rep in reps]
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return _expectation(args, reports)
 
 
 def _exercises(args) -> int:
@@ -107,10 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="labkernels")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grade", help="execute a folder of notebooks and score their exercises")
-    g.add_argument("dir")
-    g.add_argument("--json", default="grade-report.json")
-    g.add_argument("--cell-timeout", type=int, default=600)
+    g.add_argument("dir", help="one submission (NN_*.ipynb) or a class: one folder per student")
+    g.add_argument("--json", help="full report (one submission: default grade-report.json)")
+    g.add_argument("--cell-timeout", type=int, default=600, help="seconds per cell")
+    g.add_argument("--notebook-timeout", type=float, default=1800, help="seconds per notebook (0: none)")
+    g.add_argument("--run-timeout", type=float, default=None, help="seconds for the whole run")
+    g.add_argument("--chapters", help="grade only these chapters, e.g. 00,03 (default: every chapter)")
     g.add_argument("--expect", choices=["full", "zero"], help="exit non-zero unless the total is this")
+    g.add_argument("-j", "--jobs", type=int, default=1, help="a class: students graded at once")
+    g.add_argument("--out", help="a class: the gradebook's folder (default grades/)")
+    g.add_argument("--force", action="store_true", help="a class: re-grade unchanged notebooks too")
+    g.add_argument("--export", choices=["nbgrader"], help="a class: also write nbgrader.csv")
     g.set_defaults(func=_grade)
     e = sub.add_parser("exercises", help="generate exercises/ from solutions/")
     e.add_argument("--solutions", default="solutions")
