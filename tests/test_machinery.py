@@ -367,7 +367,8 @@ def test_grade_json_into_a_new_folder_keeps_the_results(tmp_path, monkeypatch):
 
     fake = [{"notebook": "00_x.ipynb", "problem": None, "exercises": []}]
     graded = []
-    monkeypatch.setattr(notebooks, "grade_folder", lambda folder, cell_timeout: graded.append(1) or fake)
+    fake_grade = lambda folder, cell_timeout, **limits: graded.append(1) or fake  # noqa: E731
+    monkeypatch.setattr(notebooks, "grade_folder", fake_grade)
     report = tmp_path / "new" / "deeper" / "report.json"
     assert main(["grade", str(tmp_path), "--json", str(report)]) == 0
     assert json.loads(report.read_text()) == fake
