@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs GPU jobs (gpu_jobs/<name>.sh) and brings their logs and files back as one archive (the device returns
-# at most 8 files). Usage: gpu_jobs/run_all.sh "jobs for GPU 0" ["jobs for GPU 1"]
+# Runs GPU jobs (gpu_jobs/<name>.sh) and packs their logs and files into one archive, $OUT/results.tgz.
+# Usage: OUT=folder gpu_jobs/run_all.sh "jobs for GPU 0" ["jobs for GPU 1"]
 # With one GPU the second list runs after the first. BUDGET_S (default 540) bounds the whole run: a job is
 # cut off when the budget runs out, and the archive is still written.
 set -u
