@@ -162,27 +162,15 @@ def kill_descendants() -> int:
     return killed
 
 
-_KERNEL_ENV = (
-    "PATH",
-    "HOME",
-    "LANG",
-    "LC_ALL",
-    "TMPDIR",
-    "CUDA_VISIBLE_DEVICES",
-    "TORCH_EXTENSIONS_DIR",
-    "MPLBACKEND",
-)
-
-
 def _kernel_env(submit_path: str) -> dict:
     from labkernels.grading import SUBMIT_ENV
+    from labkernels.grading.remote import PACKAGE_ROOT, PASS_ENV
     from labkernels.lane import LANE
 
-    env = {k: os.environ[k] for k in _KERNEL_ENV if k in os.environ}
+    env = {k: os.environ[k] for k in (*PASS_ENV, "MPLBACKEND") if k in os.environ}
     env.update({SUBMIT_ENV: submit_path, "LABKERNELS_LANE": LANE, "PYDEVD_DISABLE_FILE_VALIDATION": "1"})
     # The notebook imports the package the grader runs, installed or not (a checkout run from its root).
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
     return env
 
 

@@ -274,8 +274,9 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-# Environment of the worker: built from scratch, so nothing the notebook's kernel set reaches it.
-_PASS_ENV = (
+# The instructor's variables a grading process passes on; every other variable is built from scratch, so
+# nothing the notebook's kernel set reaches the worker (or, in `make grade`, the next notebook).
+PASS_ENV = (
     "PATH",
     "HOME",
     "LANG",
@@ -289,7 +290,7 @@ _PASS_ENV = (
 
 
 def worker_env(lane: str) -> dict:
-    env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+    env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env["LABKERNELS_LANE"] = lane
     env["PYTHONHASHSEED"] = "0"
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
