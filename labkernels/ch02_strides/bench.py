@@ -14,7 +14,10 @@ import torch
 
 from labkernels import timing, traffic
 from labkernels.bench import benchmark
-from labkernels.ch02_strides import triton_strided
+from labkernels.ch02_strides import (
+    profiles,  # noqa: F401  (registers ch02_profile)
+    triton_strided,
+)
 from labkernels.lane import DEVICE, LANE, size
 from labkernels.results import Table
 

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# `make test-gpu-notebooks` spread over worker processes: nbval (strict) over $NOTEBOOKS on the GPU, one notebook
+# per worker at a time. Logs and the JUnit report go to $OUT/notebooks/.
+set -u
+mkdir -p "$OUT/notebooks"
+workers=${NB_WORKERS:-4}
+timeout "${NB_TIMEOUT_S:-400}" python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile \
+  --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
+  --junitxml="$OUT/notebooks/notebooks.xml" ${NOTEBOOKS:-notebooks solutions} > "$OUT/notebooks/notebooks.log" 2>&1
+echo "nbval rc=$?"
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/notebooks/notebooks.log" | tail -40

@@ -1,0 +1,260 @@
+"""labkernels.profile: ncu's raw CSV page, the derived columns, the case registry, and (GPU lane with ncu)
+one real profile checked against the bytes a copy must move."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import labkernels
+from labkernels import profile as P
+from labkernels.results import Table
+
+# A hand-written FIXTURE in the layout of `ncu --import R --csv --page raw` (header row, units row, quoted
+# cells, thousands separators, n/a): made-up numbers that test the parser, not measurements.
+METRICS = [
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "gpu__time_duration.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "launch__occupancy_limit_blocks",
+    "launch__occupancy_limit_registers",
+    "launch__occupancy_limit_shared_mem",
+    "launch__occupancy_limit_warps",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+]
+HEAD = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size"]
+HEAD += ["Grid Size", "Device", "CC"]
+TILED = "void copy_2d_tiled_kernel<float, true>(const float *, float *, long, long, long, long, long)"
+FIXTURE_ROWS = [
+    HEAD + METRICS,
+    [""] * len(HEAD) + ["Mbyte", "byte", "usecond", "", "sector", "block", "block", "block", "block", "%"],
+    ["0", "4242", "python3", "host", TILED, "1", "7", "(32, 8, 1)", "(65536, 1, 1)", "0", "9.0"]
+    + ["268.44", "268,435,456", "1,234.5", "2,097,152", "8,388,608", "32", "8", "21", "8", "81.5"],
+    ["1", "4242", "python3", "host", "_copy_2d_naive_kernel", "1", "7", "(128, 1, 1)", "(65536, 1, 1)", "0"]
+    + ["9.0", "n/a", "1,024", "2", "16", "512", "32", "16", "32", "16", "90"],
+]
+FIXTURE = "==PROF== a note ncu prints before the table\n" + "".join(
+    ",".join(f'"{cell}"' for cell in row) + "\n" for row in FIXTURE_ROWS
+)
+
+
+def test_parse_raw_csv_reads_the_fixture():
+    rows = P.parse_raw_csv(FIXTURE)
+    assert [r["id"] for r in rows] == [0, 1]
+    first, second = rows
+    assert first["kernel"].startswith("void copy_2d_tiled_kernel<float, true>(")
+    assert first["block"] == "(32, 8, 1)" and first["grid"] == "(65536, 1, 1)"
+    assert first["dram__bytes_read.sum"] == pytest.approx(268.44e6)  # Mbyte -> bytes
+    assert first["dram__bytes_write.sum"] == 268_435_456  # thousands separators
+    assert first["gpu__time_duration.sum"] == pytest.approx(1_234_500.0)  # usecond -> ns
+    assert first["sm__warps_active.avg.pct_of_peak_sustained_active"] == pytest.approx(81.5)
+    assert second["dram__bytes_read.sum"] is None  # n/a
+    assert "Process ID" not in first and "Device" not in first
+
+
+def test_parse_raw_csv_refuses_other_text():
+    with pytest.raises(ValueError, match="Kernel Name"):
+        P.parse_raw_csv("a,b\n1,2\n")
+
+
+@pytest.mark.parametrize(
+    "text, unit, expected",
+    [
+        ("1,024", "", 1024),
+        ("2.5", "Kbyte", 2500.0),
+        ("3", "msecond", 3_000_000),
+        ("n/a", "", None),
+        ("x", "", "x"),
+    ],
+)
+def test_parse_value(text, unit, expected):
+    assert P.parse_value(text, unit) == expected
+
+
+def test_derived_columns():
+    first, second = (P.derive(r) for r in P.parse_raw_csv(FIXTURE))
+    assert first["sectors_per_request_ld"] == pytest.approx(4.0)  # 8,388,608 / 2,097,152
+    assert second["sectors_per_request_ld"] == pytest.approx(32.0)
+    assert first["occupancy_limiter"] == "registers=warps"  # 8 blocks each, fewer than 21 and 32
+    assert second["occupancy_limiter"] == "registers=warps"
+    assert first["dram_bytes"] == pytest.approx(268.44e6 + 268_435_456)
+    assert "dram_bytes" not in second  # a missing read count gives no total, not a wrong one
+    assert first["time_us"] == pytest.approx(1234.5)
+
+
+def test_occupancy_limiter_names_the_smallest():
+    row = {m: 32 for m in P.LIMITS.values()} | {"launch__occupancy_limit_shared_mem": 3}
+    assert P.occupancy_limiter(row) == "shared_mem"
+    assert P.occupancy_limiter({}) is None
+
+
+@pytest.mark.parametrize(
+    "name, base",
+    [
+        ("void copy_2d_tiled_kernel<float, true>(const float *, float *)", "copy_2d_tiled_kernel"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::Foo<float>>(int, float)",
+            "vectorized_elementwise_kernel",
+        ),
+        ("(anonymous namespace)::k<(int)1>(float *)", "k"),
+        ("_matmul_tiles", "_matmul_tiles"),
+        ("triton_poi_fused_add_relu_0", "triton_poi_fused_add_relu_0"),
+    ],
+)
+def test_kernel_names(name, base):
+    assert P.base_name(name) == base
+    assert P.kernel_matches(name, f"^{base}$")
+
+
+def test_kernel_matches_is_a_search():
+    assert P.kernel_matches("triton_per_fused__softmax_0", r"triton_\w+_fused_.*softmax")
+    assert not P.kernel_matches("_copy_2d_naive_kernel", "^copy_2d_tiled_kernel$")
+    assert P.kernel_matches("anything", None)
+
+
+def test_unknown_metrics_judged_by_listed_families():
+    known = {"dram__bytes_read", "sm__warps_active"}
+    asked = [
+        "dram__bytes_read.sum",
+        "dram__no_such.sum",
+        "launch__registers_per_thread",
+        "sm__warps_active.avg",
+    ]
+    assert P._unknown(asked, known) == ["dram__no_such.sum"]  # launch__ is not listed at all: not judged
+    assert P._unknown(asked, set()) == []
+
+
+def test_error_text_names_metrics():
+    output = "==PROF== Connected\n==ERROR== Failed to find metric sm__pipe_tensor_op_gmma_cycles_active.avg\n"
+    asked = ["dram__bytes_read.sum", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"]
+    assert P._named_in(output, asked) == asked[1:]  # by base name: the error gave no suffix
+    output = "==ERROR== Unknown metric dram__bytes_read.sum.per_second\n"
+    asked = ["dram__bytes_read.sum", "dram__bytes_read.sum.per_second", "gpu__time_duration.sum"]
+    assert P._named_in(output, asked) == ["dram__bytes_read.sum.per_second"]  # by full name only
+    assert P._named_in("==PROF== fine\n", asked) == []
+
+
+def test_ncu_command_keeps_clocks_and_window():
+    command = P._ncu_command(
+        "ncu", "ch02.transpose_cuda_tiled", ["a__b.sum", "c__d.sum"], P.Path("r.ncu-rep")
+    )
+    text = " ".join(command)
+    assert "--clock-control none" in text and "--profile-from-start off" in text
+    assert "--metrics a__b.sum,c__d.sum" in text
+    assert command[-2:] == ["run", "ch02.transpose_cuda_tiled"]
+
+
+def test_metrics_for_questions():
+    metrics = P.metrics_for(["coalescing", "spills"])
+    assert metrics[0] == P.TIME
+    assert "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum" in metrics
+    assert len(metrics) == len(set(metrics))
+    with pytest.raises(KeyError, match="unknown profile question.*nonsense"):
+        P.metrics_for(["nonsense"])
+
+
+def test_registry_lists_every_case():
+    from labkernels.ch02_strides import profiles as ch02
+    from labkernels.ch03_triton import profiles as ch03
+    from labkernels.ch04_libraries import profiles as ch04
+
+    found = P.discover()
+    for name in [*ch02.CASES, *ch03.CASES, *ch04.CASES]:
+        assert name in found, name
+        assert found[name].doc and found[name].questions
+    assert {n.split(".")[0] for n in found} >= {"ch02", "ch03", "ch04"}
+
+
+def test_unknown_case_is_a_clear_error():
+    with pytest.raises(KeyError, match="unknown profile case 'ch99.nothing'"):
+        P.get_case("ch99.nothing")
+    with pytest.raises(KeyError, match="unknown profile question"):
+        P.case("ch99.bad", questions=["nonsense"])
+
+
+def test_summary_is_lane_independent_text():
+    table = Table(
+        [
+            {"case": "c1", "kernel": "k", "sectors_per_request_ld": 4.0, "sectors_per_request_st": 4.0},
+            {"case": "c2", "kernel": "k2", "sectors_per_request_ld": 32.0, "sectors_per_request_st": ""},
+        ]
+    )
+    text = P.summary(table, ["coalescing"])
+    assert text.splitlines() == [
+        "case  kernel  sectors_per_request_ld  sectors_per_request_st",
+        "c1    k                            4                       4",
+        "c2    k2                          32                       -",
+    ]
+
+
+def test_show_without_a_recorded_table(capsys, monkeypatch):
+    monkeypatch.setattr(P, "load_reference", lambda name: None)
+    P.show("ch02_profile")
+    assert "no profiler results recorded yet" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(labkernels.on_gpu(), reason="CPU-lane behaviour")
+def test_not_available_without_a_gpu():
+    assert not P.available()
+    with pytest.raises(RuntimeError, match="GPU lane"):
+        P.profile("ch02.copy_contiguous")
+
+
+def test_ncu_found_on_path(tmp_path, monkeypatch):
+    ncu = tmp_path / "ncu"
+    ncu.write_text("#!/bin/sh\n")
+    ncu.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert P.ncu_path() == str(ncu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not P.available(), reason="needs the GPU lane and ncu")
+def test_copy_moves_twice_its_bytes():
+    """A contiguous copy of N bytes makes HBM deliver N and take N: ncu's DRAM bytes within 10% of 2N."""
+    from labkernels.ch02_strides import profiles as ch02
+
+    table = P.profile("ch02.copy_contiguous", "dram")
+    nbytes = ch02.N * ch02.N * torch.float32.itemsize
+    assert len(table) == 1
+    assert table.rows[0]["dram_bytes"] == pytest.approx(2 * nbytes, rel=0.1)
+
+
+def test_run_ncu_drops_a_refused_metric_and_retries(monkeypatch):
+    """A fake ncu that refuses one metric by name, then profiles: the case runs again without it."""
+    import subprocess
+
+    calls = []
+
+    def fake_run(command, timeout):
+        calls.append(command)
+        if "--import" in command:
+            return subprocess.CompletedProcess(command, 0, FIXTURE, "")
+        metrics = command[command.index("--metrics") + 1].split(",")
+        if "bogus__metric.sum" in metrics:
+            return subprocess.CompletedProcess(
+                command, 1, "", "==ERROR== Failed to find metric bogus__metric.sum"
+            )
+        P.Path(command[command.index("--export") + 1]).write_bytes(b"report")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(P, "_require_ncu", lambda: "ncu")
+    monkeypatch.setattr(P, "_run", fake_run)
+    with pytest.warns(UserWarning, match="bogus__metric.sum"):
+        page, measured = P.run_ncu("ch02.copy_contiguous", ["dram__bytes_read.sum", "bogus__metric.sum"])
+    assert measured == ["dram__bytes_read.sum"]
+    assert len(calls) == 3 and page == FIXTURE
+
+
+def test_run_ncu_reports_a_failure_it_cannot_fix(monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(P, "_require_ncu", lambda: "ncu")
+    monkeypatch.setattr(P, "known_metrics", lambda ncu: set())
+    monkeypatch.setattr(
+        P, "_run", lambda c, t: subprocess.CompletedProcess(c, 9, "", "==ERROR== out of memory")
+    )
+    with pytest.raises(RuntimeError, match="(?s)ncu failed on case 'x' \\(exit 9\\).*out of memory"):
+        P.run_ncu("x", ["dram__bytes_read.sum"])
