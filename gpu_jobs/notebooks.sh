@@ -2,6 +2,8 @@
 # `make test-gpu-notebooks` spread over worker processes: nbval (strict) over $NOTEBOOKS on the GPU, one notebook
 # per worker at a time. Logs and the JUnit report go to $OUT/notebooks/.
 set -u
+# plt.show() must leave a figure in the output (as `make` sets it): Agg would leave none and fail nbval
+export MPLBACKEND=module://matplotlib_inline.backend_inline
 mkdir -p "$OUT/notebooks"
 workers=${NB_WORKERS:-4}
 timeout "${NB_TIMEOUT_S:-400}" python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile \

@@ -18,7 +18,8 @@ Inductor for very long chains; `ops_in` splits it back into op names.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 
@@ -120,6 +121,7 @@ class Captured:
     output: object
     code: str
     kernels: list[Kernel]
+    warnings: list[str] = field(default_factory=list)  # what the compiler warned about (e.g. TF32 left off)
 
     def fused_ops(self) -> list[tuple[str, ...]]:
         """Per generated kernel (library calls excluded), the ops it fused: the same in both lanes for
@@ -142,9 +144,13 @@ def capture(fn, *args, **compile_options) -> Captured:
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
-    output, codes = run_and_get_code(torch.compile(fn, **compile_options), *args)
+    # Inductor warns on a GPU that float32 matmuls could use TF32: kept on the result, not printed, so the
+    # capture's output is the same in both lanes (chapter 04 covers TF32).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        output, codes = run_and_get_code(torch.compile(fn, **compile_options), *args)
     code = "\n".join(codes)
-    return Captured(output, code, kernels(code))
+    return Captured(output, code, kernels(code), [str(w.message) for w in caught])
 
 
 def kernel_source(code: str, name: str) -> str:

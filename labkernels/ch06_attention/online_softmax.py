@@ -46,7 +46,6 @@ def _online_softmax_kernel(
     BLOCK_SIZE: tl.constexpr,  # columns per block (a power of two)
     ONE_BLOCK: tl.constexpr,  # the whole row fits one block: read once
     VEC: tl.constexpr,  # lengths and strides are multiples of VEC: the compiler may use 16-byte accesses
-    NUM_STAGES: tl.constexpr = None,  # loop mode: blocks loaded ahead (None: no software pipelining)
 ):
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
     row = tl.program_id(axis=0).to(tl.int64)  # 64-bit: row * stride may pass 2^31
@@ -66,7 +65,7 @@ def _online_softmax_kernel(
         m = tl.max(x, axis=0)
         m_safe = tl.where(m == -float("inf"), 0.0, m)  # a row of -inf so far: no NaN from -inf - -inf
         row_sum = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
-        for start in tl.range(BLOCK_SIZE, n_cols, BLOCK_SIZE, num_stages=NUM_STAGES):
+        for start in range(BLOCK_SIZE, n_cols, BLOCK_SIZE):
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, axis=0))
@@ -76,7 +75,7 @@ def _online_softmax_kernel(
             m = m_new
         inv_sum = 1.0 / row_sum
         # Pass 2: exp(x - m) / l.  read N (from L2 if the rows in flight fit there), write N
-        for start in tl.range(0, n_cols, BLOCK_SIZE, num_stages=NUM_STAGES):
+        for start in range(0, n_cols, BLOCK_SIZE):
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
             out = tl.exp2((x - m) * 1.4426950408889634) * inv_sum
@@ -135,68 +134,6 @@ def _split_row_kernel(
     tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
 
-@triton.jit
-def _split_packed_kernel(
-    out_ptr,
-    x_ptr,
-    ws_ptr,  # int64, all -1: [0] the ticket counter, then (rows, n_chunks) packed (max, sum) states
-    n_col_vecs,
-    x_row_vecs,
-    out_row_vecs,
-    n_chunks,  # programs per row
-    BLOCK_SIZE: tl.constexpr,  # columns per chunk
-    CHUNKS_P2: tl.constexpr,  # next_power_of_2(n_chunks)
-    VEC: tl.constexpr,
-    TICKET: tl.constexpr,  # a row's chunks are picked by a ticket taken at start (else: by program id)
-    RELOAD: tl.constexpr,  # after the exchange, re-read the chunk (from L1/L2) instead of holding it
-    MAX_SPIN: tl.constexpr,
-):
-    """The split row of `_split_row_kernel` with one round trip to exchange the states: each chunk's (max,
-    sum) is packed into one 64-bit word, which is its own "arrived" flag (the workspace starts at -1, a bit
-    pattern no state has), so a waiting program polls the row's words and merges them from the same load.
-    TICKET=False trusts the hardware to start programs in id order (one atomic round trip less per program;
-    a row whose chunks do not all start gives NaN, never a wrong number). RELOAD=True holds nothing in
-    registers while waiting, so more programs fit on an SM; the chunk was just read, so the second read
-    comes from L1 or L2, not HBM (read 2MN through the caches, MN from HBM)."""
-    n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
-    if TICKET:
-        ticket = tl.atomic_add(ws_ptr, 1) + 1  # the counter starts at -1
-    else:
-        ticket = tl.program_id(axis=0)
-    row64 = (ticket // n_chunks).to(tl.int64)
-    chunk = ticket % n_chunks
-    cols = chunk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = cols < n_cols
-    x_ptrs = x_ptr + row64 * stride_xm + cols
-    x = tl.load(x_ptrs, mask=mask, other=-float("inf"))  # read N
-    m = tl.max(x, axis=0).to(tl.float32)  # exact in the input's dtype: the fp32 copy of x is not kept
-    m_safe = tl.where(m == -float("inf"), 0.0, m)
-    total = tl.sum(tl.exp2((x.to(tl.float32) - m_safe) * 1.4426950408889634), axis=0)
-    total = tl.where(total == total, total, float("nan"))  # one NaN bit pattern: never the -1 flag
-    word = (m.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
-        total.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    )
-    states = ws_ptr + 1 + row64 * n_chunks
-    tl.store(states + chunk, word)  # one 64-bit store: seen whole or not at all
-    idx = tl.arange(0, CHUNKS_P2)
-    neutral = (tl.full((), -float("inf"), tl.float32).to(tl.int32, bitcast=True).to(tl.int64)) << 32
-    words = tl.load(states + idx, mask=idx < n_chunks, other=neutral, volatile=True)
-    spins = 0
-    while (tl.sum((words == -1).to(tl.int32), axis=0) > 0) & (spins < MAX_SPIN):
-        words = tl.load(states + idx, mask=idx < n_chunks, other=neutral, volatile=True)
-        spins += 1
-    ms = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    ls = (words & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-    row_max = tl.max(ms, axis=0)
-    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-    row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
-    if RELOAD:
-        x = tl.load(x_ptrs, mask=mask, other=-float("inf"))  # read N again, from L1/L2
-    out = tl.exp2((x.to(tl.float32) - row_max) * 1.4426950408889634) * (1.0 / row_sum)
-    out = tl.where(tl.sum((words == -1).to(tl.int32), axis=0) == 0, out, float("nan"))
-    tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
-
-
 MAX_SPIN = 1 << 16
 MAX_CHUNKS = 64  # far fewer than the programs an H200 holds at once (132 SMs, several programs each)
 
@@ -211,22 +148,9 @@ def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
     return vec
 
 
-# Split modes with a packed state exchange: name -> (TICKET, RELOAD) of `_split_packed_kernel`.
-PACKED_MODES = {
-    "split_packed": (True, False),
-    "split_packed_pid": (False, False),
-    "split_reload": (True, True),
-    "split_reload_pid": (False, True),
-}
-LOOP_STAGES = {"loop": None, "loop_s2": 2, "loop_s3": 3}  # loop modes: blocks in flight per program
-MODES = ("one_block", *LOOP_STAGES, "split", *PACKED_MODES)
-
-
-def _candidates(n_cols: int, extra: bool = False) -> list[tuple[int, int, str]]:
+def _candidates(n_cols: int) -> list[tuple[int, int, str]]:
     """(BLOCK_SIZE, num_warps, mode) configurations worth timing for a row width; mode is "one_block",
-    "loop" (two reads) or "split" (a row over several programs, one read). `extra` adds the variants under
-    evaluation (pipelined loops, the packed split modes): timed by gpu_jobs/tune_rows.py, not by the
-    tuner."""
+    "loop" (two reads) or "split" (a row over several programs, one read)."""
     whole = triton.next_power_of_2(n_cols)
     configs = []
     if whole <= MAX_ONE_BLOCK:
@@ -239,43 +163,17 @@ def _candidates(n_cols: int, extra: bool = False) -> list[tuple[int, int, str]]:
         configs += [
             (b, w, "split") for b, w in ((4096, 4), (8192, 8), (16384, 16)) if 2 <= whole // b <= MAX_CHUNKS
         ]
-    if extra and whole > 2048:
-        configs += [(b, w, m) for b, w, m in ((4096, 8, "loop_s2"), (8192, 8, "loop_s3")) if b < whole]
-    if extra and whole > 8192:
-        configs += [
-            (b, w, m)
-            for m in PACKED_MODES
-            for b, w in ((4096, 4), (8192, 8), (16384, 16))
-            if 2 <= whole // b <= MAX_CHUNKS
-        ]
     return configs or [(whole, 4, "one_block")]
 
 
-def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN, workspace=None) -> None:
-    """Runs one configuration. `workspace` (packed split modes) lets a caller keep the exchanged states:
-    the CPU-lane test runs a split twice on one workspace, since the interpreter runs programs one after
-    another and the first run's programs cannot wait for each other."""
-    if mode not in MODES:
-        raise ValueError(f"online_softmax: unknown mode {mode!r}; one of {MODES}")
+def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN) -> None:
     n_rows, n_cols = x.shape
     vec = vector_width(x, out)
     args = (n_cols // vec, x.stride(0) // vec, out.stride(0) // vec)
-    if mode in LOOP_STAGES or mode == "one_block":
+    if mode != "split":
         _online_softmax_kernel[(n_rows,)](
-            out, x, *args, BLOCK_SIZE=block, ONE_BLOCK=mode == "one_block", VEC=vec,
-            NUM_STAGES=LOOP_STAGES.get(mode), num_warps=warps,
-        )  # fmt: skip
-        return
-    if mode in PACKED_MODES:
-        ticket, reload = PACKED_MODES[mode]
-        n_chunks = triton.cdiv(n_cols, block)
-        if workspace is None:  # -1: the ticket counter's start, and "not arrived" for every state
-            workspace = torch.full((1 + n_rows * n_chunks,), -1, device=x.device, dtype=torch.int64)
-        _split_packed_kernel[(n_rows * n_chunks,)](
-            out, x, workspace, *args, n_chunks, BLOCK_SIZE=block,
-            CHUNKS_P2=triton.next_power_of_2(n_chunks), VEC=vec, TICKET=ticket, RELOAD=reload,
-            MAX_SPIN=max_spin, num_warps=warps,
-        )  # fmt: skip
+            out, x, *args, BLOCK_SIZE=block, ONE_BLOCK=mode == "one_block", VEC=vec, num_warps=warps
+        )
         return
     chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
     stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
@@ -305,7 +203,7 @@ def _tuned(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple[int, int, str]
     times = {}
     for c in _candidates(n_cols):
         ms = autotune_bench(lambda c=c: _launch(x, out, *c), quantiles=(0.5,))
-        if not c[2].startswith("split") or not torch.isnan(out).any():
+        if c[2] != "split" or not torch.isnan(out).any():
             times[c] = ms
     return min(times, key=times.get)
 
