@@ -164,3 +164,96 @@ def test_write_exercises_round_trip(tmp_path):
     assert "NotImplementedError" in (ex / "00_x.ipynb").read_text()
     (sol / "00_x.ipynb").write_text((sol / "00_x.ipynb").read_text().replace("def f()", "def g()"))
     assert out_of_sync(sol, ex) == [f"{ex / '00_x.ipynb'} is stale"]
+
+
+# --- 3.5 and 3.6: reading a profile ------------------------------------------------------------------------
+
+
+def test_occupancy_formula_agrees_with_ncu_on_the_shipped_profiles():
+    """The arithmetic 3.5 teaches, min(limits) x warps per block / 64, is what ncu reports on the H200."""
+    from labkernels.grading.exercises_ch03 import PROFILE_TABLES, _occupancy_reference, occupancy_rows_of
+    from labkernels.results import load_reference
+
+    checked = 0
+    for table in PROFILE_TABLES:
+        limiters = {r["case"]: r.get("occupancy_limiter") for r in load_reference(table).rows}
+        for case, row, theoretical in occupancy_rows_of(table):
+            tied, fraction = _occupancy_reference(row)
+            assert tied == set(limiters[case].split("=")), (case, row, limiters[case])
+            if theoretical is None:
+                continue
+            assert abs(fraction - theoretical / 100) <= 0.01, (case, row, fraction, theoretical)
+            checked += 1
+    assert checked >= 5, f"only {checked} shipped rows have the occupancy limits and ncu's occupancy"
+
+
+def test_bound_rule_reads_the_shipped_ch04_rows():
+    from labkernels.grading.exercises_ch03 import _bound_reference, bound_rows_of
+
+    rows = bound_rows_of("ch04_profile")
+    assert rows, "ch04_profile has no row with both DRAM and SM throughput"
+    for case, row in rows:
+        assert _bound_reference(row) <= {"memory", "compute", "latency"}, case
+
+
+def read_profile_occupancy(row):
+    limits = {k: row["limit_" + k] for k in ("registers", "shared_mem", "blocks", "warps")}
+    limiter = min(limits, key=limits.get)
+    return limiter, min(1.0, limits[limiter] * row["warps_per_block"] / row["max_warps_per_sm"])
+
+
+def read_profile_occupancy_percent(row):
+    limiter, fraction = read_profile_occupancy(row)
+    return limiter, 100 * fraction
+
+
+def read_profile_occupancy_h200_only(row):
+    limits = {k: row["limit_" + k] for k in ("registers", "shared_mem", "blocks", "warps")}
+    limiter = min(limits, key=limits.get)
+    return limiter, limits[limiter] * row["warps_per_block"] / 64
+
+
+def read_profile_occupancy_constant(row):
+    return "registers", 0.5
+
+
+def read_profile_bound(row):
+    dram, sm = row["dram_pct"], row["sm_pct"]
+    if max(dram, sm) < 60:
+        return "latency"
+    return "memory" if dram >= sm else "compute"
+
+
+def read_profile_bound_strict_threshold(row):
+    dram, sm = row["dram_pct"], row["sm_pct"]
+    if max(dram, sm) <= 60:
+        return "latency"
+    return "memory" if dram >= sm else "compute"
+
+
+def read_profile_bound_latency(row):
+    return "latency"
+
+
+def read_profile_bound_never_latency(row):
+    return "memory" if row["dram_pct"] >= row["sm_pct"] else "compute"
+
+
+@pytest.mark.parametrize(
+    "ex_id, name, earned, reason",
+    [
+        ("3.5", "read_profile_occupancy", 2, ""),
+        ("3.5", "read_profile_occupancy_percent", 1, "is a percentage"),
+        ("3.5", "read_profile_occupancy_h200_only", 1, "theoretical occupancy"),
+        ("3.5", "read_profile_occupancy_constant", 0, "expected"),
+        ("3.6", "read_profile_bound", 1, ""),
+        ("3.6", "read_profile_bound_strict_threshold", 0, "exactly at the threshold"),
+        ("3.6", "read_profile_bound_latency", 0, "'latency', expected"),
+        ("3.6", "read_profile_bound_never_latency", 0, "expected 'latency'"),
+    ],
+)
+def test_read_a_profile_grades_the_rule_not_a_constant(ex_id, name, earned, reason):
+    rec = grade(ex_id, globals()[name])
+    assert rec["error"] is None, format_record(rec)
+    assert rec["earned"] == earned, format_record(rec)
+    assert reason in format_record(rec)

@@ -1,5 +1,6 @@
 """Chapter 03 exercises: a fused add+relu kernel, a row softmax for any row length, a tiled matmul's K loop,
-and the grouped program order that keeps its tiles in L2.
+the grouped program order that keeps its tiles in L2, and reading an Nsight Compute table (the occupancy
+limiter; memory-, compute- or latency-bound), checked on the H200's shipped profiles and on random rows.
 
 Sizes come from `labkernels.size`: small on the CPU lane (the interpreter costs ~1-2 ms per program), large on
 the GPU. Every size is drawn at grading time and is deliberately not a multiple of any power of two.
@@ -165,3 +166,188 @@ def _grade_3_4(student, g):
                     got == want,
                     f"grid {num_pid_m} x {num_pid_n}, GROUP_SIZE_M={group}: pid {pid} gave {got}, not {want}",
                 )
+
+
+# --- 3.5 and 3.6: reading an Nsight Compute table -----------------------------------------------------------
+
+RESOURCES = ("registers", "shared_mem", "blocks", "warps")
+H200_MAX_WARPS_PER_SM = 64  # 2048 resident threads per Hopper SM
+# The H200's profiles that ship with the course; a row with the launch__occupancy_limit_* columns is a case.
+PROFILE_TABLES = ("ch03_profile", "ch04_profile")
+BOUND_THRESHOLD_PCT = 60.0  # Nsight Compute's guideline: a unit above 60% of its peak is the limiter
+DRAM_PCT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+
+
+def _occupancy_reference(row: dict) -> tuple[set[str], float]:
+    """(the tied limiting resources, the theoretical occupancy as a fraction)."""
+    limits = {k: row[f"limit_{k}"] for k in RESOURCES}
+    least = min(limits.values())
+    fraction = min(1.0, least * row["warps_per_block"] / row["max_warps_per_sm"])
+    return {k for k, v in limits.items() if v == least}, fraction
+
+
+def _bound_reference(row: dict) -> set[str]:
+    """The accepted answers: the busier unit if it reaches the threshold (either on an exact tie), else
+    latency."""
+    dram, sm = row["dram_pct"], row["sm_pct"]
+    if max(dram, sm) < BOUND_THRESHOLD_PCT:
+        return {"latency"}
+    return {name for name, pct in (("memory", dram), ("compute", sm)) if pct == max(dram, sm)}
+
+
+def occupancy_rows_of(table_name: str) -> list[tuple[str, dict, float | None]]:
+    """(case name, the row as `occupancy` reads it, ncu's theoretical occupancy in percent or None) for every
+    row of a shipped profile that has the occupancy limits and the block size."""
+    from labkernels.results import load_reference
+
+    table = load_reference(table_name)
+    out = []
+    for r in table.rows if table is not None else []:
+        limits = [r.get(f"launch__occupancy_limit_{k}") for k in RESOURCES]
+        block = r.get("launch__block_size")
+        if not all(isinstance(v, int | float) for v in [*limits, block]):
+            continue
+        row = {f"limit_{k}": int(v) for k, v in zip(RESOURCES, limits, strict=True)}
+        row |= {"warps_per_block": -(-int(block) // 32), "max_warps_per_sm": H200_MAX_WARPS_PER_SM}
+        theoretical = r.get("sm__maximum_warps_per_active_cycle_pct")
+        out.append((r["case"], row, theoretical if isinstance(theoretical, int | float) else None))
+    return out
+
+
+def _synthetic_occupancy_row(g, want: str) -> dict:
+    """A row as ncu would report it on some GPU (64, 48 or 32 warps per SM; 32, 24 or 16 blocks), drawn until
+    `want` holds: one resource the strict minimum ('registers', ..., 'warps'), a two- or three-way tie
+    ('tie2', 'tie3'), or anything ('any')."""
+    for _ in range(10_000):
+        max_warps = g.choice([64, 48, 32])
+        warps_per_block = g.randint(1, min(32, max_warps))
+        row = {
+            "warps_per_block": warps_per_block,
+            "limit_registers": g.randint(1, 40),
+            "limit_shared_mem": g.randint(1, 40),
+            "limit_blocks": g.choice([32, 24, 16]),
+            "limit_warps": max_warps // warps_per_block,  # how ncu computes it
+            "max_warps_per_sm": max_warps,
+        }
+        least = min(row[f"limit_{k}"] for k in RESOURCES)
+        if want in ("tie2", "tie3"):
+            # registers and shared memory are free to equal the blocks or warps limit
+            others = [k for k in ("blocks", "warps") if row[f"limit_{k}"] == least] or ["registers"]
+            free = [k for k in ("registers", "shared_mem") if k not in others]
+            for k in free[: 1 if want == "tie2" else 2]:
+                row[f"limit_{k}"] = least
+            tied, _ = _occupancy_reference(row)
+            if len(tied) == (2 if want == "tie2" else 3):
+                return row
+            continue
+        tied, _ = _occupancy_reference(row)
+        if want == "any" or tied == {want}:
+            return row
+    raise RuntimeError(f"no synthetic occupancy row for {want!r}")
+
+
+_SYNTHETIC_LABELS = {"tie2": "two resources tied", "tie3": "three resources tied", "any": "any limiter"}
+
+
+def _occupancy_cases(g) -> list[tuple[str, dict]]:
+    """(what the row is, the row): the H200's real rows and synthetic ones, shuffled."""
+    cases = [
+        (f"{name} (H200, ncu)", row) for table in PROFILE_TABLES for name, row, _ in occupancy_rows_of(table)
+    ]
+    if not cases:
+        raise RuntimeError(
+            "no shipped profile rows with occupancy limits (labkernels/reference/*_profile.csv)"
+        )
+    for want in [*RESOURCES, "warps", "tie2", "tie2", "tie3", *["any"] * 6]:
+        label = _SYNTHETIC_LABELS.get(want, f"{want} the least")
+        cases.append((f"a random row ({label})", _synthetic_occupancy_row(g, want)))
+    g.random.shuffle(cases)
+    return cases
+
+
+@exercise("3.5", "Read a profile: which resource limits occupancy", points=2, timeout_s=60)
+def _grade_3_5(student, g):
+    # student(row) -> (limiter, theoretical_occupancy)
+    def answers():
+        cases = _occupancy_cases(g)
+        got = student.map([(dict(row),) for _, row in cases])
+        for (what, _), answer in zip(cases, got, strict=True):
+            g.expect(
+                isinstance(answer, tuple | list) and len(answer) == 2,
+                f"{what}: return (limiter, theoretical_occupancy), got {answer!r}",
+            )
+        return [(what, row, *answer) for (what, row), answer in zip(cases, got, strict=True)]
+
+    with g.case("the limiting resource (the H200's rows and random ones, ties included)", points=1):
+        for what, row, limiter, _ in answers():
+            tied, _ = _occupancy_reference(row)
+            g.expect(
+                isinstance(limiter, str) and limiter in tied,
+                f"{what} {row}: limiter {limiter!r}, expected "
+                + (f"{next(iter(tied))!r}" if len(tied) == 1 else f"one of {sorted(tied)}"),
+            )
+    with g.case("theoretical occupancy, as a fraction (agrees with ncu's on the H200's rows)", points=1):
+        for what, row, _, fraction in answers():
+            _, want = _occupancy_reference(row)
+            ok = isinstance(fraction, int | float) and not isinstance(fraction, bool)
+            g.expect(ok, f"{what}: theoretical occupancy must be a number, got {fraction!r}")
+            if fraction > 1 and math.isclose(fraction, 100 * want, rel_tol=1e-6):
+                g.expect(False, f"{what}: {fraction!r} is a percentage; return the fraction {want:.6g}")
+            g.expect(
+                math.isclose(fraction, want, rel_tol=1e-9, abs_tol=1e-9),
+                f"{what} {row}: theoretical occupancy {fraction!r}, expected {want:.6g}",
+            )
+
+
+def _synthetic_bound_rows(g) -> list[tuple[str, dict]]:
+    """Both sides of the threshold, in both orders, and the threshold itself."""
+    t = BOUND_THRESHOLD_PCT
+
+    def pct(low, high):
+        return round(low + (high - low) * g.random.random(), 2)
+
+    rows = []
+    for _ in range(3):
+        high, low = pct(t + 0.01, 99.0), pct(0.0, t + 30)
+        rows.append(("memory above the threshold", {"dram_pct": high, "sm_pct": min(low, high - 0.01)}))
+        rows.append(("compute above the threshold", {"dram_pct": min(low, high - 0.01), "sm_pct": high}))
+        rows.append(
+            ("neither reaches the threshold", {"dram_pct": pct(0, t - 0.01), "sm_pct": pct(0, t - 0.01)})
+        )
+    rows.append(("memory exactly at the threshold", {"dram_pct": t, "sm_pct": pct(0, t - 0.01)}))
+    rows.append(("compute exactly at the threshold", {"dram_pct": pct(0, t - 0.01), "sm_pct": t}))
+    rows.append(("both just under the threshold", {"dram_pct": t - 0.01, "sm_pct": t - 0.01}))
+    return rows
+
+
+def bound_rows_of(table_name: str) -> list[tuple[str, dict]]:
+    """(case name, {"dram_pct", "sm_pct"}) for every row of a shipped profile that has both throughputs."""
+    from labkernels.results import load_reference
+
+    table = load_reference(table_name)
+    rows = table.rows if table is not None else []
+    return [
+        (r["case"], {"dram_pct": float(r[DRAM_PCT]), "sm_pct": float(r[SM_PCT])})
+        for r in rows
+        if isinstance(r.get(DRAM_PCT), int | float) and isinstance(r.get(SM_PCT), int | float)
+    ]
+
+
+@exercise("3.6", "Read a profile: memory-, compute- or latency-bound", points=1, timeout_s=60)
+def _grade_3_6(student, g):
+    # student(row) -> "memory" | "compute" | "latency"
+    with g.case(
+        "memory, compute or latency (random rows around the threshold, the H200's ch04 rows)", points=1
+    ):
+        cases = [(f"{name} (H200, ncu)", row) for name, row in bound_rows_of("ch04_profile")]
+        cases += _synthetic_bound_rows(g)
+        g.random.shuffle(cases)
+        got = student.map([(dict(row),) for _, row in cases])
+        for (what, row), answer in zip(cases, got, strict=True):
+            want = _bound_reference(row)
+            g.expect(
+                isinstance(answer, str) and answer in want,
+                f"{what}, dram {row['dram_pct']}% and sm {row['sm_pct']}% of peak: {answer!r}, expected "
+                + " or ".join(repr(w) for w in sorted(want)),
+            )
