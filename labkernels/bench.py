@@ -47,10 +47,16 @@ def run(names: list[str] | None = None, directory=REFERENCE_DIR) -> list[str]:
     unknown = sorted(set(names or []) - set(found))
     if unknown:
         raise KeyError(f"unknown benchmarks {unknown}; known: {sorted(found)}")
+    from labkernels.profile import ProfilerUnavailable
+
     written = []
     for name in names or sorted(found):
         start = time.perf_counter()
-        rows = found[name]()
+        try:
+            rows = found[name]()
+        except ProfilerUnavailable as e:  # a GPU without Nsight Compute: keep the shipped counter tables
+            print(f"{name}: skipped, {e}", flush=True)
+            continue
         path = record(name, rows, directory, replace=True)  # make bench rewrites the references
         print(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f} s -> {path}", flush=True)
         written.append(str(path))

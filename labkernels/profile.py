@@ -206,16 +206,22 @@ def available() -> bool:
     return on_gpu() and ncu_path() is not None
 
 
+class ProfilerUnavailable(RuntimeError):
+    """No GPU or no ncu here: `make bench` skips the profiler's tables (keeping the shipped ones) on this."""
+
+
 def _require_ncu() -> str:
     from labkernels.lane import on_gpu
 
     if not on_gpu():
-        raise RuntimeError(
+        raise ProfilerUnavailable(
             "profiling reads a GPU's counters: it needs the GPU lane (show() reads the H200's)"
         )
     path = ncu_path()
     if path is None:
-        raise RuntimeError("ncu (Nsight Compute) not found on PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin")
+        raise ProfilerUnavailable(
+            "ncu (Nsight Compute) not found on PATH, $CUDA_HOME/bin, /usr/local/cuda*/bin"
+        )
     return path
 
 
@@ -364,19 +370,18 @@ def parse_raw_csv(text: str) -> list[dict]:
     return rows
 
 
+# A qualified name: identifiers, "(anonymous namespace)" or "<unnamed>", joined by "::".
+_QUALIFIED = re.compile(
+    r"(?:void\s+)?((?:\w+|\(anonymous namespace\)|<unnamed>)(?:::(?:\w+|\(anonymous namespace\)|<unnamed>))*)"
+)
+
+
 def base_name(kernel: str) -> str:
     """A kernel's function name without 'void', namespaces, template arguments or parameters:
-    'void ns::copy_2d_tiled_kernel<float, true>(const float *, ...)' -> 'copy_2d_tiled_kernel'."""
-    name = kernel.strip().removeprefix("void ").strip()
-    depth, out = 0, []
-    for ch in name:  # drop <...> and (...) at any nesting depth
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth = max(0, depth - 1)
-        elif depth == 0:
-            out.append(ch)
-    return "".join(out).split("::")[-1].strip()
+    'void ns::copy_2d_tiled_kernel<float, true>(const float *, ...)' -> 'copy_2d_tiled_kernel'. The name is
+    the qualified name at the start, up to the first '<' or '(' that is not an anonymous namespace."""
+    found = _QUALIFIED.match(kernel.strip())
+    return found.group(1).split("::")[-1] if found else kernel.strip()
 
 
 def kernel_matches(kernel: str, pattern: str | None) -> bool:

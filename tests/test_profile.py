@@ -99,6 +99,12 @@ def test_occupancy_limiter_names_the_smallest():
             "vectorized_elementwise_kernel",
         ),
         ("(anonymous namespace)::k<(int)1>(float *)", "k"),
+        (  # a parameter whose type lives in an anonymous namespace: the name is still the function's
+            "void labkernels::cuda::(anonymous namespace)::copy_strided_kernel<float, int>(const T1 *, T1 *, "
+            "labkernels::cuda::(anonymous namespace)::StridedGeometry<T2>, T2)",
+            "copy_strided_kernel",
+        ),
+        ("void ns::<unnamed>::copy_2d_tiled_kernel<float>(const T1 *, T1 *, long)", "copy_2d_tiled_kernel"),
         ("_matmul_tiles", "_matmul_tiles"),
         ("triton_poi_fused_add_relu_0", "triton_poi_fused_add_relu_0"),
     ],
@@ -258,3 +264,18 @@ def test_run_ncu_reports_a_failure_it_cannot_fix(monkeypatch):
     )
     with pytest.raises(RuntimeError, match="(?s)ncu failed on case 'x' \\(exit 9\\).*out of memory"):
         P.run_ncu("x", ["dram__bytes_read.sum"])
+
+
+def test_make_bench_skips_profiler_tables_without_ncu(monkeypatch, tmp_path):
+    """On a GPU without ncu, `make bench` keeps the shipped counter tables and records everything else."""
+    import labkernels
+    from labkernels import bench
+
+    def needs_ncu():
+        raise P.ProfilerUnavailable("ncu (Nsight Compute) not found")
+
+    monkeypatch.setattr(labkernels, "on_gpu", lambda: True)
+    monkeypatch.setattr(bench, "discover", lambda: {"t_profile": needs_ncu, "t_plain": lambda: [{"x": 1}]})
+    written = bench.run(directory=tmp_path)
+    assert [p.rsplit("/", 1)[-1] for p in written] == ["t_plain.csv"]
+    assert not (tmp_path / "t_profile.csv").exists()
