@@ -16,7 +16,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 # Notebooks draw with the inline backend (a figure's text is '<Figure size ...>' in both lanes).
 export MPLBACKEND ?= module://matplotlib_inline.backend_inline
 
-.PHONY: lab lab-settings test-browser venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade lint clean
+.PHONY: lab lab-settings test-browser venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade release lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,10 @@ exercises: venv
 
 grade: venv
 	$(VPY) -m labkernels grade $(DIR) $(GRADE_ARGS)
+
+# The bundle a class gets (dist/labkernels-student-<revision>.tar.gz): chapters, exercises, package, no solutions.
+release: venv
+	$(VPY) -m labkernels release --out dist
 
 lint: venv
 	$(VENV)/bin/ruff check labkernels tests notebooks solutions

@@ -1,4 +1,4 @@
-"""`python -m labkernels <command>`: exercises, check-exercises, grade, bench, report."""
+"""`python -m labkernels <command>`: exercises, grade, bench, execute, release, report."""
 
 from __future__ import annotations
 
@@ -177,6 +177,18 @@ def _execute(args) -> int:
     return 0
 
 
+def _release(args) -> int:
+    from labkernels.grading.release import build
+
+    try:
+        path = build(Path(args.root), Path(args.out), force=args.force)
+    except (ValueError, FileExistsError) as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
+
+
 def _report(_args) -> int:
     from labkernels.env import print_report
 
@@ -212,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("notebooks", nargs="+")
     x.add_argument("--cell-timeout", type=int, default=1200)
     x.set_defaults(func=_execute)
+    rel = sub.add_parser("release", help="the student bundle: chapters, exercises, package; no solutions")
+    rel.add_argument("--root", default=".", help="the course checkout")
+    rel.add_argument("--out", default="dist", help="the folder to write the .tar.gz into")
+    rel.add_argument("--force", action="store_true", help="replace a bundle of the same revision")
+    rel.set_defaults(func=_release)
     r = sub.add_parser("report", help="print the environment report")
     r.set_defaults(func=_report)
     args = parser.parse_args(argv)
