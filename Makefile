@@ -10,6 +10,8 @@ DIR ?= submissions
 # make grade: e.g. GRADE_ARGS="-j 2 --export nbgrader --out grades" (see README's instructor guide).
 GRADE_ARGS ?=
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# nbval compares figures' text: plt.show() must leave one, whatever MPLBACKEND the caller's shell has (Agg leaves none).
+INLINE := MPLBACKEND=module://matplotlib_inline.backend_inline
 # ninja from the venv must be on PATH for cpp_extension builds; the extension cache stays in the project.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
@@ -39,7 +41,7 @@ lab: lab-settings
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
 	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider tests
-	$(VPY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
+	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
 	$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600
 	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600
 	$(VPY) -m labkernels exercises --check
@@ -57,7 +59,7 @@ test-gpu-unit: gpu-present
 	MPLBACKEND=Agg $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 test-gpu-notebooks: gpu-present
-	$(PYTHON) -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
+	$(INLINE) $(PYTHON) -m pytest -q -p no:cacheprovider $(NBVAL) $(NOTEBOOKS)
 
 bench:
 	$(PYTHON) -m labkernels bench
@@ -65,7 +67,7 @@ bench:
 # Re-execute the chapters and solutions in place, in the current environment, to store this lane's outputs
 # (the committed outputs come from an H200: run this on a GPU, then `make exercises`).
 outputs:
-	$(PYTHON) -m labkernels execute notebooks/*.ipynb solutions/*.ipynb
+	$(INLINE) $(PYTHON) -m labkernels execute notebooks/*.ipynb solutions/*.ipynb
 
 exercises: venv
 	$(VPY) -m labkernels exercises
