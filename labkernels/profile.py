@@ -514,6 +514,8 @@ SHOW_COLUMNS = {
         "load_bytes_in_flight_per_sm",
     ],
 }
+# The columns of SHOW_COLUMNS that hold numbers (the occupancy limiter is a name).
+NUMERIC = {c for cs in SHOW_COLUMNS.values() for c in cs} - {"occupancy_limiter"}
 # Short headings for the long metric names in `show`.
 SHORT = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_%peak",
@@ -526,6 +528,14 @@ SHORT = {
     "launch__registers_per_thread": "regs/thread",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_%peak",
     "sm__warps_active.avg.per_cycle_active": "warps/SM",
+    "sectors_per_request_ld": "sectors/req_ld",
+    "sectors_per_request_st": "sectors/req_st",
+    "shared_wavefronts_per_ld": "wavefronts/ld",
+    "shared_wavefronts_per_st": "wavefronts/st",
+    "load_bytes_per_request": "bytes/req",
+    "load_bytes_in_flight_per_sm": "bytes_in_flight/SM",
+    "tensor_pipe_pct": "tensor_pipe_%",
+    "occupancy_limiter": "limiter",
 }
 
 
@@ -551,6 +561,10 @@ def summary(table: Table, questions: Iterable[str] | None = None, cases: Iterabl
     columns = [c for q in chosen for c in SHOW_COLUMNS[q] if c in present]
     columns = ["case", "kernel", *dict.fromkeys(columns)]
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    # a case profiled for other questions has none of these counters: leave it out rather than print dashes
+    cells = [row for row in cells if any(v != "-" for v, c in zip(row, columns, strict=True) if c in NUMERIC)]
+    for row in cells:  # "ch02.transpose_torch" -> "transpose_torch": the table is already one chapter's
+        row[0] = re.sub(r"^ch\d\d\.", "", row[0])
     heads = [SHORT.get(c, c) for c in columns]
     widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(heads)]
     return "\n".join(_line(cells_, widths) for cells_ in [heads, *cells])
