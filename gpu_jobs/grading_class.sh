@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `make grade` on a class (issue 17), on the H200: the class tests, then a class of $N students (a third the
-# solutions, a third the exercises, a third a solution whose 0.2 raises) graded on chapters $CHAPTERS with
-# -j $J (speed cases of chapter 03 afterwards, one at a time), then graded again (every notebook cached).
-# Writes $OUT/grading_class/{gradebook.csv,gradebook-long.csv,nbgrader.csv,timings.txt}. About 6-9 minutes on the
-# H200; it runs on the CPU lane too (RUN_TIMEOUT_S=1500 J=2).
+# `make grade` on a class (issue 17): the class tests, then a class of $N students (a third the solutions, a
+# third the exercises, a third the solutions with each chapter's first answer broken) graded on chapters
+# $CHAPTERS with -j $J (speed cases of chapter 03 afterwards, one at a time), then graded again (every notebook
+# cached). Writes $OUT/grading_class/{gradebook.csv,gradebook-long.csv,nbgrader.csv,timings.txt}. About 6-9
+# minutes on the H200; on the 2-core CPU machine give it RUN_TIMEOUT_S=1500 J=2.
 set -u
 N=${N:-30}
 J=${J:-8}
@@ -28,11 +28,10 @@ for i in range(n):
     for ch in chapters:
         for src in Path("solutions" if kind != "stub" else "exercises").glob(f"{ch}_*.ipynb"):
             nb = nbformat.read(src, as_version=4)
-            if kind == "broken":
-                for j, cell in enumerate(nb.cells):
-                    if cell.cell_type == "code" and cell.source.strip().startswith("check("):
-                        nb.cells.insert(j, nbformat.v4.new_code_cell("raise RuntimeError('broken on purpose')"))
-                        break
+            if kind == "broken":  # the first answer's cell raises before it defines anything: that exercise
+                # scores zero (the function is missing), a stray raising cell elsewhere costs nothing
+                first = next(c for c in nb.cells if c.cell_type == "code" and "### BEGIN SOLUTION" in c.source)
+                first.source = "raise RuntimeError('broken on purpose')\n" + first.source
             nbformat.write(nb, folder / src.name)
 print(f"class of {n} in {klass}")
 EOF
