@@ -27,15 +27,21 @@ def benchmark(name: str):
     return register
 
 
-def discover() -> dict[str, Callable[[], list[dict]]]:
-    """Import every `labkernels.<pkg>.bench` module so its benchmarks register."""
+def import_chapter_modules(module: str) -> None:
+    """Import `labkernels.<chapter>.<module>` for every chapter package that has one (registration by import:
+    `bench` for benchmarks, `profiles` for profiler cases)."""
     for info in pkgutil.iter_modules(labkernels.__path__):
         if info.ispkg:
             try:
-                importlib.import_module(f"labkernels.{info.name}.bench")
+                importlib.import_module(f"labkernels.{info.name}.{module}")
             except ModuleNotFoundError as e:
-                if e.name != f"labkernels.{info.name}.bench":
-                    raise
+                if e.name != f"labkernels.{info.name}.{module}":
+                    raise  # the module exists and one of its own imports failed
+
+
+def discover() -> dict[str, Callable[[], list[dict]]]:
+    """Import every `labkernels.<pkg>.bench` module so its benchmarks register."""
+    import_chapter_modules("bench")
     return BENCHMARKS
 
 

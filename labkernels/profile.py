@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import csv
 import glob
-import importlib
 import io
 import math
 import os
-import pkgutil
 import re
 import shutil
 import subprocess
@@ -139,15 +137,9 @@ def case(name: str, *, questions: Iterable[str], kernel: str | None = None, doc:
 
 def discover() -> dict[str, Case]:
     """Import every `labkernels.<pkg>.profiles` module so its cases register."""
-    import labkernels
+    from labkernels.bench import import_chapter_modules
 
-    for info in pkgutil.iter_modules(labkernels.__path__):
-        if info.ispkg:
-            try:
-                importlib.import_module(f"labkernels.{info.name}.profiles")
-            except ModuleNotFoundError as e:
-                if e.name != f"labkernels.{info.name}.profiles":
-                    raise
+    import_chapter_modules("profiles")
     return CASES
 
 

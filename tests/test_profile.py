@@ -173,6 +173,13 @@ def test_registry_lists_every_case():
     assert {n.split(".")[0] for n in found} >= {"ch02", "ch03", "ch04"}
 
 
+def test_make_bench_finds_the_profiler_tables_and_the_timings():
+    from labkernels import bench
+
+    found = bench.discover()
+    assert {"ch02_profile", "ch03_profile", "ch04_profile", "ch03_grouping", "ch02_transpose"} <= set(found)
+
+
 def test_unknown_case_is_a_clear_error():
     with pytest.raises(KeyError, match="unknown profile case 'ch99.nothing'"):
         P.get_case("ch99.nothing")
