@@ -5,7 +5,9 @@ A *case* (`@case("ch02.transpose_cuda_tiled")`, in a chapter's `profiles.py`) bu
 ncu with the profiler window (`torch.cuda.profiler.start()/stop()`, ncu `--profile-from-start off`) around
 that one launch only, so only the kernels of interest are replayed, whatever their names. A *question*
 (`QUESTIONS`) is a small fixed set of metrics; the table gets the raw counters and derived columns
-(sectors per request, the occupancy limiter, DRAM bytes, spilled bytes).
+(sectors per request, the occupancy limiter, DRAM bytes, spilled bytes). A case that launches several
+kernels (eager torch ops, one per op) can ask for their sum (`total=True`: one more row, bytes and time
+summed), and a case can carry the bytes its traffic model predicts (`model_bytes`), set beside ncu's.
 
     python -m labkernels.profile list
     python -m labkernels.profile profile ch02.transpose_cuda_tiled [--question coalescing ...]
@@ -114,22 +116,38 @@ class Case:
     questions: tuple[str, ...]  # what this case is profiled for by default
     kernel: str | None  # regex a kernel's name must match to be kept (None: every kernel in the window)
     doc: str
+    total: bool = False  # add a row summing its kernels when several ran
+    model_bytes: int | None = None  # the bytes labkernels.traffic says the whole case moves
 
 
 CASES: dict[str, Case] = {}
 
 
-def case(name: str, *, questions: Iterable[str], kernel: str | None = None, doc: str | None = None):
+def case(
+    name: str,
+    *,
+    questions: Iterable[str],
+    kernel: str | None = None,
+    doc: str | None = None,
+    total: bool = False,
+    model_bytes: int | None = None,
+):
     """Register a case: a function that builds inputs, warms up, and returns a zero-argument launch.
-    `doc` (default: the function's docstring, first line) says what it runs."""
+    `doc` (default: the function's docstring, first line) says what it runs. `total`: when several kernels
+    run, add a row with their sum (`total_row`). `model_bytes`: the traffic model's bytes for the whole
+    case, kept on the row that stands for it (the sum, or the only kernel) beside ncu's DRAM bytes."""
     questions = tuple(questions)
     _check_questions(questions)
+    if model_bytes is not None and (
+        not isinstance(model_bytes, int) or isinstance(model_bytes, bool) or model_bytes <= 0
+    ):
+        raise ValueError(f"profile case {name!r}: model_bytes must be a positive int, got {model_bytes!r}")
 
     def register(fn: Callable[[], Callable[[], object]]):
         if name in CASES and CASES[name].build is not fn:
             raise ValueError(f"profile case {name!r} registered twice")
         text = doc if doc is not None else (fn.__doc__ or "").strip().split("\n")[0]
-        CASES[name] = Case(name, fn, questions, kernel, text)
+        CASES[name] = Case(name, fn, questions, kernel, text, bool(total), model_bytes)
         return fn
 
     return register
@@ -444,6 +462,36 @@ def derive(row: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def total_row(rows: list[dict]) -> dict:
+    """One row standing for several kernels of a case, in the parsed page's metrics. Counts, bytes and
+    durations (`.sum` metrics) add up; a %-of-peak over elapsed time is averaged weighted by each kernel's
+    duration (the share of peak over the kernels' whole time). Per-launch settings, rates and other
+    averages are left out: no sum of them means anything. `derive` then gives its columns."""
+    out: dict = {"kernels": len(rows)}
+    times = [r.get(TIME) for r in rows]
+    names = dict.fromkeys(m for r in rows for m in r if "__" in m)
+    for m in names:
+        values = [r.get(m) for r in rows]
+        if not all(isinstance(v, int | float) for v in values):
+            continue  # a kernel without the value: no total, rather than a wrong one
+        if m.endswith(".sum"):
+            out[m] = sum(values)
+        elif m.endswith(".pct_of_peak_sustained_elapsed") and all(isinstance(t, int | float) for t in times):
+            if sum(times) > 0:
+                out[m] = sum(v * t for v, t in zip(values, times, strict=True)) / sum(times)
+    return out
+
+
+def _summed(name: str, rows: list[dict], questions: list[str], measured: list[str]) -> dict:
+    """The table row of `total_row`: the kernel column says how many kernels it sums."""
+    raw = total_row(rows)
+    derived = derive(raw)
+    if QUESTIONS["tensor_pipe"][0] not in raw:  # derive would fall back on the SM's throughput: not the pipe
+        derived.pop("tensor_pipe_pct", None)
+    head = {"case": name, "kernel": f"sum of {len(rows)} kernels", "question": "+".join(questions)}
+    return {**head, "kernels": raw["kernels"], **derived, **{m: raw[m] for m in measured if m in raw}}
+
+
 # --- profile ------------------------------------------------------------------------------------------------
 
 
@@ -452,7 +500,8 @@ def profile(
 ) -> Table:
     """Profile case `name` under ncu for `questions` (a name from QUESTIONS, several, or None for the
     case's own); one row per kernel launched in its window (filtered by the case's kernel regex), with the
-    metrics and the derived columns. `keep`: a folder to copy the .ncu-rep report into."""
+    metrics and the derived columns, then (case registered with `total=True`, several kernels) their sum.
+    `keep`: a folder to copy the .ncu-rep report into."""
     c = get_case(name)
     questions = [questions] if isinstance(questions, str) else list(questions or c.questions)
     page, measured = run_ncu(name, metrics_for(questions), keep=keep)
@@ -467,6 +516,19 @@ def profile(
         metrics = {m: r[m] for m in measured if m in r}
         head = {"case": name, "kernel": base_name(r["kernel"]), "question": "+".join(questions)}
         table.append({**head, **derive(r), **metrics})
+    if c.total and len(rows) > 1:
+        table.append(_summed(name, rows, questions, measured))
+    if c.model_bytes is not None:
+        if len(table) == 1 or c.total:  # the last row stands for the whole case
+            whole = table[-1]
+            whole["model_bytes"] = c.model_bytes
+            if isinstance(whole.get("dram_bytes"), int | float):
+                whole["dram_vs_model"] = whole["dram_bytes"] / c.model_bytes
+        else:
+            warnings.warn(
+                f"case {name!r}: {len(rows)} kernels and no total=True: model_bytes not set beside any row",
+                stacklevel=2,
+            )
     return Table(table)
 
 
@@ -483,7 +545,13 @@ def profile_rows(names: Iterable[str], *, keep: str | Path | None = None) -> lis
 # --- showing the shipped tables -----------------------------------------------------------------------------
 
 SHOW_COLUMNS = {
-    "dram": ["time_us", "dram_bytes", "dram__throughput.avg.pct_of_peak_sustained_elapsed"],
+    "dram": [
+        "time_us",
+        "dram_bytes",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+        "model_bytes",  # cases that carry the traffic model's bytes only
+        "dram_vs_model",
+    ],
     "l2": ["time_us", "lts__t_sector_hit_rate.pct", "dram__bytes_read.sum"],
     "coalescing": ["sectors_per_request_ld", "sectors_per_request_st"],
     "shared_memory": [
@@ -528,6 +596,7 @@ SHORT = {
     "load_bytes_in_flight_per_sm": "bytes_in_flight/SM",
     "tensor_pipe_pct": "tensor_pipe_%",
     "occupancy_limiter": "limiter",
+    "dram_vs_model": "dram/model",
 }
 
 
@@ -543,10 +612,19 @@ def _cell(value) -> str:
     return "-" if value in (None, "") else str(value)
 
 
-def summary(table: Table, questions: Iterable[str] | None = None, cases: Iterable[str] | None = None) -> str:
+def summary(
+    table: Table,
+    questions: Iterable[str] | None = None,
+    cases: Iterable[str] | None = None,
+    *,
+    per_kernel: bool = True,
+) -> str:
     """A compact text table of `table`'s rows: case, kernel and the columns of `questions` (default: every
-    question with a column present)."""
+    question with a column present). `per_kernel=False`: a case with a sum row shows that row only."""
     rows = [r for r in table.rows if cases is None or r.get("case") in set(cases)]
+    if not per_kernel:
+        summed = {r.get("case") for r in rows if _is_sum(r)}
+        rows = [r for r in rows if _is_sum(r) or r.get("case") not in summed]
     present = set(Table(rows).columns)
     chosen = list(questions) if questions is not None else list(SHOW_COLUMNS)
     _check_questions(chosen)
@@ -562,6 +640,11 @@ def summary(table: Table, questions: Iterable[str] | None = None, cases: Iterabl
     return "\n".join(_line(cells_, widths) for cells_ in [heads, *cells])
 
 
+def _is_sum(row: dict) -> bool:
+    """A row of `total_row` (it counts its kernels); a CSV read back gives "" to the other rows."""
+    return isinstance(row.get("kernels"), int | float) and not isinstance(row.get("kernels"), bool)
+
+
 def _line(cells: list[str], widths: list[int]) -> str:
     """Case and kernel left-aligned, numbers right-aligned."""
     return "  ".join(
@@ -569,15 +652,18 @@ def _line(cells: list[str], widths: list[int]) -> str:
     )
 
 
-def show(reference_name: str, questions: str | Iterable[str] | None = None, cases=None) -> None:
-    """Print the shipped profiler table `reference_name` (e.g. "ch02_profile"): one line per kernel, the
-    columns that answer `questions`. Reads the CSV only: the same output in both lanes."""
+def show(
+    reference_name: str, questions: str | Iterable[str] | None = None, cases=None, *, per_kernel: bool = True
+) -> None:
+    """Print the shipped profiler table `reference_name` (e.g. "ch02_profile"): one line per kernel (or per
+    case's sum, `per_kernel=False`), the columns that answer `questions`. Reads the CSV only: the same
+    output in both lanes."""
     table = load_reference(reference_name)
     if table is None:
         print(f"{reference_name}: no profiler results recorded yet (run `make bench` on a GPU with ncu)")
         return
     questions = [questions] if isinstance(questions, str) else questions
-    print(summary(table, questions, cases))
+    print(summary(table, questions, cases, per_kernel=per_kernel))
 
 
 # --- command line -------------------------------------------------------------------------------------------

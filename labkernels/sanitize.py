@@ -9,7 +9,9 @@ PYTORCH_NO_CUDA_MEMORY_CACHING=1, because torch's caching allocator sub-allocate
 blocks and memcheck only sees an access that leaves a cudaMalloc'd block: uncached, each tensor is its own.
 
 Autotuners keep every config but time each one with a single call (`_one_call`): each config still runs
-once under the sanitizer, without triton.testing.do_bench's hundreds of repetitions.
+once under the sanitizer, without triton.testing.do_bench's hundreds of repetitions. On a machine whose
+Triton cache is cold, `--jobs N` first runs each entry in its own process, N at a time, so the compiling
+happens in parallel (`run_in_parallel`).
 """
 
 from __future__ import annotations
@@ -277,13 +279,21 @@ def _matmul_cases(matmul, kernel: str, dtype: torch.dtype, m: int, n: int, k: in
     close(db, a.double().t() @ seed.double(), f"matmul {kernel} backward db", tol)
 
 
-@entry("ch03.matmul_tiled", ("ch03_triton.matmul:matmul",), shared_memory=True)
-def _ch03_matmul_tiled():
+# Two entries, not one: each call shape compiles every autotune config, so a cold cache fills twice as fast
+# when the two run in parallel (`--jobs`).
+@entry("ch03.matmul_tiled_fp32", ("ch03_triton.matmul:matmul",), shared_memory=True)
+def _ch03_matmul_tiled_fp32():
     from labkernels.ch03_triton.matmul import matmul
 
     _matmul_cases(matmul, "tiled", torch.float32, 37, 29, 53)  # no dim a multiple of any block: all masks
     a, b = transposed(37, 53), transposed(53, 29)  # column-major operands
     close(matmul(a, b, kernel="tiled"), a.double() @ b.double(), "matmul tiled transposed", 1e-3)
+
+
+@entry("ch03.matmul_tiled_16bit", ("ch03_triton.matmul:matmul",), shared_memory=True)
+def _ch03_matmul_tiled_16bit():
+    from labkernels.ch03_triton.matmul import matmul
+
     _matmul_cases(matmul, "tiled", half(), 37, 29, 53)
 
 
@@ -373,14 +383,21 @@ def _ch05_epilogue():
     close(matmul_bias_gelu(a, b, bias), expected, "matmul_bias_gelu", 1e-3)
 
 
-@entry("ch05.prologue", ("ch05_fusion.prologue:int8_matmul",), shared_memory=True)
+@entry(
+    "ch05.prologue",
+    ("ch05_fusion.prologue:int8_matmul", "ch05_fusion.prologue:dequantize"),
+    shared_memory=True,
+)
 def _ch05_prologue():
     from labkernels.ch05_fusion import prologue
 
     for m in (37, 70):  # M <= 64 and M > 64 take different config sets
         a, (w8, scale) = rand(m, 53), prologue.quantize(rand(53, 29))
-        got = prologue.int8_matmul(a, w8[:, :29].t().contiguous().t(), scale)  # w8 column-major
-        close(got, prologue.reference(a, w8, scale), f"int8_matmul M={m}", 1e-3)
+        w8_columns = w8[:, :29].t().contiguous().t()  # column-major
+        for path in ("fused", "auto"):  # auto: fused at M = 37, dequantise then matmul at M = 70
+            got = prologue.int8_matmul(a, w8_columns, scale, path=path)
+            close(got, prologue.reference(a, w8, scale), f"int8_matmul M={m} {path}", 1e-3)
+    close(prologue.dequantize(w8_columns, scale), w8.double() * scale.double(), "dequantize", 1e-6)
 
 
 @entry("ch05.sincos", ("ch05_fusion.horizontal:sincos",))
@@ -630,6 +647,64 @@ def run_entries(entries: list[Entry], print_fn=print) -> list[tuple[str, float, 
     return results
 
 
+_RESULT_LINE = re.compile(r"^(ok  |FAIL) (\S+)\s+([\d.]+) s(?:  (.*))?$", re.M)
+
+
+def _package_env() -> dict[str, str]:
+    """This environment, with the checkout that holds `labkernels` first on PYTHONPATH (it may not be
+    installed: a child `python -m labkernels.sanitize` must import the same package)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(labkernels.__file__).parents[1]), env.get("PYTHONPATH")])
+    )
+    return env
+
+
+def _run_alone(name: str, extra: list[str], timeout: float) -> tuple[str, float, str | None]:
+    """One entry in a fresh process: (name, seconds, error or None)."""
+    command = [sys.executable, "-m", "labkernels.sanitize", "--only", f"^{re.escape(name)}$"]
+    command += [a for path in extra for a in ("--extra", path)]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=_package_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return name, time.perf_counter() - start, f"timed out after {timeout:.0f} s"
+    seconds = time.perf_counter() - start
+    line = next((m for m in _RESULT_LINE.finditer(done.stdout) if m.group(2) == name), None)
+    if done.returncode == 0 and line is not None and line.group(1) == "ok  ":
+        return name, seconds, None
+    if line is not None and line.group(4):
+        return name, seconds, line.group(4)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+    return name, seconds, f"exit {done.returncode}: {tail[0]}"
+
+
+def run_in_parallel(
+    entries: list[Entry], jobs: int, extra: list[str] = (), timeout: float = 600, print_fn=print
+) -> list[tuple[str, float, str | None]]:
+    """Each entry in its own process, `jobs` at a time; prints and returns what `run_entries` does.
+
+    Why: the first run on a machine compiles every autotune config of every kernel, one after another in one
+    process (minutes, for the matmuls). Triton's on-disk cache is shared by processes, so compiling in
+    parallel leaves a warm cache in the time of the slowest entry, and the sanitized runs that follow in one
+    process measure the kernels, not the compiler."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    # the slowest-compiling entries (the autotuned matmuls) first, so they do not start last
+    order = sorted(entries, key=lambda e: "matmul" not in e.name)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_run_alone, e.name, list(extra), timeout) for e in order]
+        results = []
+        for future in futures:
+            name, seconds, error = future.result()
+            results.append((name, seconds, error))
+            print_fn(
+                f"{'ok  ' if error is None else 'FAIL'} {name:<28} {seconds:7.2f} s"
+                + (f"  {error}" if error else "")
+            )
+    return results
+
+
 # --- under compute-sanitizer --------------------------------------------------------------------------------
 
 
@@ -663,10 +738,7 @@ def sanitizer_command(tool: str, python_args: list[str]) -> list[str]:
 def run_under(tool: str, python_args: list[str], timeout: float = 600) -> tuple[int, str, float]:
     """Run `python <python_args>` under compute-sanitizer's `tool`, each tensor its own cudaMalloc.
     Returns (exit code, stdout + stderr, wall seconds)."""
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(labkernels.__file__).parents[1]), env.get("PYTHONPATH")])
-    )
+    env = dict(_package_env(), PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     start = time.perf_counter()
     done = subprocess.run(
         sanitizer_command(tool, python_args), env=env, capture_output=True, text=True, timeout=timeout
@@ -694,7 +766,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--extra", action="append", default=[], help="a .py file registering more entries")
     parser.add_argument("--check-kernels", action="store_true", help="fail if a Triton kernel never launched")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="run each entry in its own process, this many at a time (no --tool)",
+    )
     args = parser.parse_args(argv)
+    if args.jobs > 1 and (args.tool or args.check_kernels):
+        parser.error("--jobs runs entries in separate processes: use it without --tool and --check-kernels")
     for path in args.extra:
         _load_extra(path)
     entries = selected(args.only, args.shared_memory)
@@ -710,6 +790,13 @@ def main(argv: list[str] | None = None) -> int:
         print(output, end="")
         print(f"compute-sanitizer --tool {args.tool}: exit {rc}, {seconds:.1f} s")
         return rc
+    if args.jobs > 1:
+        results = run_in_parallel(entries, args.jobs, args.extra)
+        failed = [name for name, _, error in results if error]
+        print(
+            f"{len(results) - len(failed)}/{len(results)} entries ok, one process each, {args.jobs} at a time"
+        )
+        return 1 if failed else 0
     results = run_entries(entries)
     failed = [name for name, _, error in results if error]
     missed = sorted(set(kernels()) - LAUNCHED - (set() if on_gpu() else GPU_ONLY_KERNELS))

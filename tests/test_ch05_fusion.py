@@ -188,14 +188,15 @@ def test_matmul_bias_gelu_refuses_grad_and_mixed_dtypes():
         epilogue.matmul_bias_gelu(_randn(8, 8), b, bias.half())
 
 
+@pytest.mark.parametrize("path", ["fused", "dequantize"])
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
 @pytest.mark.parametrize("mnk", [(16, 130, 75), (97, 61, 200)])
-def test_int8_matmul(mnk, dtype):
+def test_int8_matmul(mnk, dtype, path):
     m, n, k = mnk
     a = _randn(m, k, dtype=dtype)
     w_int8, scale = prologue.quantize(_randn(k, n))
     scale = scale.to(dtype)
-    got = prologue.int8_matmul(a, w_int8, scale)
+    got = prologue.int8_matmul(a, w_int8, scale, path=path)
     exact = prologue.reference(a, w_int8, scale)
     # the weights are dequantised in `dtype`, as eager's w.to(dtype) * scale is: that rounding's effect,
     # measured with an fp32 matmul, plus one unit in the last place of the largest output
@@ -203,7 +204,31 @@ def test_int8_matmul(mnk, dtype):
     dequant_err = (a.double() @ dequantised - exact).abs().max().item()
     ulp = torch.finfo(dtype).eps * exact.abs().max().item()
     assert (got.double() - exact).abs().max().item() <= dequant_err + ulp + 1e-4
-    assert torch.equal(got, prologue.int8_matmul(a, w_int8, scale))  # the cached launch: same result
+    assert torch.equal(got, prologue.int8_matmul(a, w_int8, scale, path=path))  # cached launch: same result
+
+
+def test_int8_matmul_auto_fuses_only_small_m():
+    """path="auto": the fused kernel up to FUSED_MAX_M rows, dequantise-then-matmul above (bitwise the same
+    as asking for that path)."""
+    w_int8, scale = prologue.quantize(_randn(40, 24))
+    for m, path in ((prologue.FUSED_MAX_M, "fused"), (prologue.FUSED_MAX_M + 1, "dequantize")):
+        a = _randn(m, 40)
+        assert torch.equal(
+            prologue.int8_matmul(a, w_int8, scale), prologue.int8_matmul(a, w_int8, scale, path=path)
+        )
+
+
+def test_dequantize_matches_eager_bitwise_and_refuses_bad_input():
+    w_int8, scale = prologue.quantize(_randn(70, 45))
+    w_columns = w_int8.t().contiguous().t()  # column-major: any strides
+    out = prologue.dequantize(w_columns, scale)
+    assert out.is_contiguous() and torch.equal(out, w_int8.to(scale.dtype) * scale)
+    with pytest.raises(TypeError, match="int8"):
+        prologue.dequantize(w_int8.float(), scale)
+    with pytest.raises(ValueError, match="scale must be"):
+        prologue.dequantize(w_int8, scale[:3])
+    with pytest.raises(ValueError, match="path must be"):
+        prologue.int8_matmul(_randn(4, 70), w_int8, scale, path="fast")
 
 
 def test_int8_matmul_strided_and_bad_inputs():

@@ -9,9 +9,8 @@ run prints its wall time (pytest -s shows it).
 from __future__ import annotations
 
 import importlib
+import os
 import re
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -46,8 +45,40 @@ def _resolve(op: str):
     return getattr(importlib.import_module(f"labkernels.{module}"), function, None)
 
 
-def test_every_entry_passes_and_every_kernel_launches(capsys):
+@pytest.fixture(scope="module")
+def warm_cache():
+    """GPU lane: every entry once, each in its own process, several at a time. It fills Triton's cache in
+    parallel (a cold cache compiles every autotune config: minutes in one process), so the single-process
+    runs below time the kernels, not the compiler. The CPU lane interprets: nothing to warm."""
+    if not on_gpu():
+        return None
+    jobs = min(8, os.cpu_count() or 1)
+    start = time.perf_counter()
+    results = sanitize.run_in_parallel(sanitize.selected(), jobs, print_fn=lambda line: None)
+    seconds = time.perf_counter() - start
+    print(f"\nsanitizer registry, {len(results)} processes, {jobs} at a time (cold compile): {seconds:.1f} s")
+    return results
+
+
+def test_parallel_runs_report_each_entry_and_its_failure(tmp_path):
+    """--jobs: one process per entry; a failing entry is named with its error, the others pass."""
+    failing = tmp_path / "failing.py"
+    failing.write_text(FAILING)
+    entries = [
+        sanitize.REGISTRY["ch03.vector_add"],
+        sanitize.Entry("planted.wrong", lambda: None, (), False, False),
+    ]
+    results = {
+        name: error for name, _, error in sanitize.run_in_parallel(entries, 2, [str(failing)], print_fn=print)
+    }
+    assert results["ch03.vector_add"] is None
+    assert "AssertionError" in (results["planted.wrong"] or ""), results
+
+
+def test_every_entry_passes_and_every_kernel_launches(capsys, warm_cache):
     """Every entry of this lane runs and matches its reference; together they launch every Triton kernel."""
+    failed = [f"{name} (own process): {error}" for name, _, error in warm_cache or [] if error]
+    assert not failed, "\n".join(failed)
     sanitize.LAUNCHED.clear()
     start = time.perf_counter()
     results = sanitize.run_entries(sanitize.selected())
@@ -82,15 +113,10 @@ def _assert_clean(tool: str, rc: int, output: str) -> None:
 
 
 @needs_sanitizer
-def test_memcheck_over_every_op(capsys):
-    """One plain run first (builds the extension, fills Triton's cache: the sanitized run then measures the
-    kernels, not the compilers), then every entry under memcheck in one process."""
+def test_memcheck_over_every_op(capsys, warm_cache):
+    """Every entry under memcheck in one process, after `warm_cache` built the extension and compiled the
+    kernels (the sanitized run then measures the kernels, not the compilers)."""
     args = ["-m", "labkernels.sanitize", "--check-kernels"]
-    start = time.perf_counter()
-    plain = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300)
-    with capsys.disabled():
-        print(f"\nsanitizer registry, plain run: {time.perf_counter() - start:.1f} s")
-    assert plain.returncode == 0, plain.stdout + plain.stderr
     rc, output, seconds = sanitize.run_under("memcheck", args, timeout=480)
     with capsys.disabled():
         print(output)
@@ -99,7 +125,7 @@ def test_memcheck_over_every_op(capsys):
 
 
 @needs_sanitizer
-def test_racecheck_over_the_shared_memory_kernels(capsys):
+def test_racecheck_over_the_shared_memory_kernels(capsys, warm_cache):
     args = ["-m", "labkernels.sanitize", "--shared-memory"]
     rc, output, seconds = sanitize.run_under("racecheck", args, timeout=400)
     with capsys.disabled():
@@ -133,6 +159,20 @@ PLANTED = textwrap.dedent(
         out = torch.empty_like(x)
         _one_past_the_end_kernel[(1,)](x, out, 128, BLOCK_SIZE=256)
         sanitize.close(out, x, "planted copy", tol=0)
+    """
+)
+
+
+# An entry whose op returns the wrong answer: the parallel runner must name it and its error.
+FAILING = textwrap.dedent(
+    """
+    from labkernels import sanitize
+
+
+    @sanitize.entry("planted.wrong", ())
+    def _wrong():
+        x = sanitize.rand(37, 53)
+        sanitize.close(x + 1, x, "planted wrong answer", tol=1e-6)
     """
 )
 

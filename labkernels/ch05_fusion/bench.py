@@ -183,14 +183,47 @@ def prologue_rows(m: int, n: int, k: int, copy_gbps: float, dtype=torch.bfloat16
     eager = traffic.int8_matmul(m, n, k, dtype, fused=False)
     one_pass = Traffic("dequant+matmul", k * n * (1 + e) + n * e + mm.bytes, fused.flops)
     c = compiled(prologue.eager)
+    auto = fused if m <= prologue.FUSED_MAX_M else one_pass  # the path int8_matmul takes at this M
     impls = [
         ("eager", lambda: prologue.eager(a, w_int8, scale), eager),
         ("compile", lambda: c(a, w_int8, scale), one_pass),
-        ("labkernels", lambda: prologue.int8_matmul(a, w_int8, scale), fused),
+        ("labkernels", lambda: prologue.int8_matmul(a, w_int8, scale), auto),
+        ("labkernels, fused", lambda: prologue.int8_matmul(a, w_int8, scale, path="fused"), fused),
+        (
+            "labkernels, dequantize",
+            lambda: prologue.int8_matmul(a, w_int8, scale, path="dequantize"),
+            one_pass,
+        ),
         ("cublas, 16-bit weights", lambda: a @ w16, mm),
     ]
     params = {"shape": f"{m}x{n}x{k}", "dtype": _dtype_name(dtype)}
     return fusion_rows("int8_matmul", params, impls, copy_gbps)
+
+
+INT8_PATH_MS = (16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+def int8_path_rows(ms=INT8_PATH_MS, n: int = 4096, k: int = 4096, dtype=torch.bfloat16) -> list[dict]:
+    """Where fusing the dequantisation stops paying: both paths of `int8_matmul`, and cuBLAS on 16-bit
+    weights, over M (the number of tokens): it sets `prologue.FUSED_MAX_M`. No torch.compile here (a
+    recompile per M would cost minutes): `prologue_rows` sets compile beside both paths at M = 16 and 4096."""
+    w_int8, scale = prologue.quantize(_random(k, n))
+    scale = scale.to(dtype)
+    w16 = w_int8.to(dtype) * scale
+    rows = []
+    for m in ms:
+        a = _random(m, k, dtype=dtype)
+        impls = {
+            "fused": lambda a=a: prologue.int8_matmul(a, w_int8, scale, path="fused"),
+            "dequantize": lambda a=a: prologue.int8_matmul(a, w_int8, scale, path="dequantize"),
+            "cublas, 16-bit weights": lambda a=a: a @ w16,
+        }
+        for impl, fn in impls.items():
+            fn()  # autotunes outside the timed region
+            ms_ = timing.time_ms(fn)
+            row = {"kind": "int8_paths", "shape": f"{m}x{n}x{k}", "dtype": _dtype_name(dtype), "impl": impl}
+            rows.append({**row, "ms": ms_, "tflops": timing.tflops(2 * m * n * k, ms_)})
+    return rows
 
 
 @benchmark("ch05_fusion")
@@ -206,7 +239,7 @@ def bench_fusion() -> list[dict]:
     rows += sincos_rows(big, copy_gbps)
     rows += epilogue_rows(4096, 4096, 4096, copy_gbps)
     rows += prologue_rows(16, 4096, 4096, copy_gbps) + prologue_rows(4096, 4096, 4096, copy_gbps)
-    return rows
+    return rows + int8_path_rows()
 
 
 @benchmark("ch05_launch")
@@ -219,7 +252,7 @@ def summary(table: Table) -> Table:
     """Per fusion kind (headline sizes): eager / compile / labkernels GB/s; labkernels vs compile and copy."""
     out = []
     for r in table.rows:
-        if r["impl"] != "labkernels" or r["kind"] == "chain_sweep":
+        if r["impl"] != "labkernels" or r["kind"] in ("chain_sweep", "int8_paths"):
             continue
         same = [s for s in table.rows if s["kind"] == r["kind"] and s["shape"] == r["shape"]]
         by = {s["impl"]: s for s in same}

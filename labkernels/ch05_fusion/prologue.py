@@ -7,10 +7,14 @@ element, and is converted and scaled in registers just before `tl.dot` (the *pro
 read MK + KN/e + N, write MN elements (`labkernels.traffic.int8_matmul`). When M is small (decoding one
 token per sequence) the weights are nearly all the traffic, so the matmul is memory-bound and reading half
 the bytes of a 16-bit weight (a third or less of the eager path's) is the speed-up; when M is large the
-matmul is compute-bound and the prologue saves little time.
+matmul is compute-bound and fusing the prologue *costs* time: the conversion sits in the K loop and is
+repeated for every row tile of A (M / BLOCK_SIZE_M times), and W must go through registers to be converted
+instead of straight from the copy engine into shared memory where the tensor cores read it.
 
-The kernel is chapter 03's tiled matmul with one change in the K loop; it is written out here so the change
-is visible.
+So `int8_matmul` has two paths, chosen by M (`path="auto"`): the fused kernel for small M, and above
+`FUSED_MAX_M` the one Inductor takes: dequantise W once (`dequantize`, one pass: read KN int8, write KN) and
+run chapter 03's matmul on it. The fused kernel is chapter 03's tiled matmul with one change in the K loop;
+it is written out here so the change is visible.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU
 from labkernels.lane import LANE, on_gpu, require_device
 from labkernels.timing import autotune_bench
@@ -40,6 +45,11 @@ GPU_CONFIGS = [
     _config(16, 64, 128, 4, 4),
 ]
 SMALL_M = 64  # up to this M only the 16-row configs are tried, above it only the big ones
+# path="auto" fuses up to this M (memory-bound on W) and dequantises once above it. The ch05_int8_paths rows
+# of labkernels/reference/ch05_fusion.csv time both paths over M on the H200; re-measure it with
+# `bench.int8_path_rows` on another GPU.
+FUSED_MAX_M = 64
+PATHS = ("auto", "fused", "dequantize")
 
 
 def _prune(configs, named_args, **kwargs):
@@ -129,6 +139,47 @@ def _int8_matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
 
 
+@triton.jit
+def _dequantize_kernel(
+    w_ptr, scale_ptr, out_ptr, K, N, stride_wk, stride_wn,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    offs_k = (tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)  # KN may pass 2^31
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+    w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=mask)  # read int8
+    scale = tl.load(scale_ptr + offs_n, mask=offs_n < N).to(tl.float32)  # read N per program
+    # rounded to the output dtype as eager's `w.to(dtype) * scale` is
+    out = (w.to(tl.float32) * scale[None, :]).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], out, mask=mask)  # write KN, contiguous
+
+
+def dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w_int8 * scale in scale's dtype, (K, N) contiguous, in one pass (eager takes two: a cast, then a
+    multiply). Any strides of w_int8."""
+    require_device(w_int8, "dequantize: w_int8")
+    require_device(scale, "dequantize: scale")
+    if w_int8.dtype != torch.int8 or w_int8.dim() != 2:
+        raise TypeError(
+            f"dequantize: w_int8 must be a 2-D torch.int8 tensor, got {w_int8.dtype} {tuple(w_int8.shape)}"
+        )
+    if scale.dtype not in DTYPES or scale.shape != (w_int8.shape[1],):
+        raise ValueError(
+            f"dequantize: scale must be float16/bfloat16/float32 of shape ({w_int8.shape[1]},), "
+            f"got {scale.dtype} {tuple(scale.shape)}"
+        )
+    K, N = w_int8.shape
+    out = torch.empty((K, N), device=w_int8.device, dtype=scale.dtype)
+    if out.numel() == 0:
+        return out
+    block_k, block_n = (32, 32) if LANE == "cpu" else (64, 128)
+    grid = (triton.cdiv(K, block_k), triton.cdiv(N, block_n))
+    _dequantize_kernel[grid](
+        w_int8, scale.contiguous(), out, K, N, *w_int8.stride(), BLOCK_K=block_k, BLOCK_N=block_n
+    )
+    return out
+
+
 def _even_k(args: dict) -> bool:
     return args["K"] % args["BLOCK_SIZE_K"] == 0
 
@@ -177,11 +228,29 @@ def _check(a, w_int8, scale, input_precision) -> None:
 
 
 def int8_matmul(
-    a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *, input_precision: str = "ieee"
+    a: torch.Tensor,
+    w_int8: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    input_precision: str = "ieee",
+    path: str = "auto",
 ) -> torch.Tensor:
-    """a @ (w_int8 * scale) with the dequantisation fused into the loads; a (M, K) float, w_int8 (K, N) int8,
-    scale (N,) in a's dtype; any strides. Result (M, N) in a's dtype, accumulated in fp32."""
+    """a @ (w_int8 * scale); a (M, K) float, w_int8 (K, N) int8, scale (N,) in a's dtype; any strides.
+    Result (M, N) in a's dtype, accumulated in fp32.
+
+    path: "fused" dequantises in the matmul's loads (W read once, as int8); "dequantize" writes the 16-bit
+    weights once and runs chapter 03's matmul on them (read KN int8, write KN, then the matmul reads KN);
+    "auto" fuses when M <= FUSED_MAX_M, where the matmul is memory-bound on W."""
     _check(a, w_int8, scale, input_precision)
+    if path not in PATHS:
+        raise ValueError(f"int8_matmul: path must be one of {PATHS}, got {path!r}")
+    if path == "dequantize" or (path == "auto" and a.shape[0] > FUSED_MAX_M):
+        return matmul_mod.matmul(a, dequantize(w_int8, scale), input_precision=input_precision)
+    return _fused(a, w_int8, scale, input_precision)
+
+
+def _fused(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, input_precision: str) -> torch.Tensor:
+    """The prologue-fused kernel: the tuned config kept per shape, as chapter 03's matmul does."""
     (M, K), N = a.shape, w_int8.shape[1]
     scale = scale.contiguous()
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
