@@ -40,8 +40,10 @@ def import_chapter_modules(module: str) -> None:
 
 
 def discover() -> dict[str, Callable[[], list[dict]]]:
-    """Import every `labkernels.<pkg>.bench` module so its benchmarks register."""
+    """Import every `labkernels.<pkg>.bench` and `.profiles` module so its benchmarks register (a chapter's
+    profiler tables are benchmarks too)."""
     import_chapter_modules("bench")
+    import_chapter_modules("profiles")
     return BENCHMARKS
 
 

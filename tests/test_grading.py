@@ -257,3 +257,15 @@ def test_read_a_profile_grades_the_rule_not_a_constant(ex_id, name, earned, reas
     assert rec["error"] is None, format_record(rec)
     assert rec["earned"] == earned, format_record(rec)
     assert reason in format_record(rec)
+
+
+def test_speed_cases_are_timed_only_after_a_passed_correctness_case():
+    from labkernels.grading import notebooks
+
+    def record(earned, possible=3):
+        return {"earned": earned, "possible": possible}
+
+    assert notebooks.skip_timing(record(0))  # wrong everywhere: timing it would earn nothing
+    assert not notebooks.skip_timing(record(1))  # partly right: its speed is graded
+    assert not notebooks.skip_timing(record(0, possible=0))  # no correctness part on this lane
+    assert not notebooks.skip_timing(None)  # a speed-only exercise

@@ -165,19 +165,46 @@ def test_registry_lists_every_case():
     from labkernels.ch02_strides import profiles as ch02
     from labkernels.ch03_triton import profiles as ch03
     from labkernels.ch04_libraries import profiles as ch04
+    from labkernels.ch05_fusion import profiles as ch05
+    from labkernels.ch06_attention import profiles as ch06
 
     found = P.discover()
-    for name in [*ch02.CASES, *ch03.CASES, *ch04.CASES]:
+    for name in [*ch02.CASES, *ch03.CASES, *ch04.CASES, *ch05.CASES, *ch06.CASES]:
         assert name in found, name
         assert found[name].doc and found[name].questions
-    assert {n.split(".")[0] for n in found} >= {"ch02", "ch03", "ch04"}
+    assert {n.split(".")[0] for n in found} >= {"ch02", "ch03", "ch04", "ch05", "ch06"}
+
+
+def test_chapter_05_and_06_cases_carry_their_traffic_model():
+    """The eager and naive cases launch one kernel per op: they are summed; every case has its model."""
+    from labkernels import traffic
+    from labkernels.ch05_fusion import profiles as ch05
+    from labkernels.ch06_attention import profiles as ch06
+
+    found = P.discover()
+    n = ch05.N_ELEMENTS
+    assert found["ch05.chain_15_eager"].total and found["ch06.attention_naive"].total
+    assert not found["ch05.chain_15"].total  # one kernel: its own row is the whole case
+    assert found["ch05.chain_15_eager"].model_bytes == 31 * n * 4  # 2N+1 passes over n fp32
+    assert found["ch05.chain_60"].model_bytes == found["ch05.chain_2"].model_bytes == 3 * n * 4
+    assert found["ch06.attention_naive"].model_bytes == traffic.attention_naive(*ch06.SHAPE).bytes
+    assert found["ch06.attention_sdpa_flash"].model_bytes == traffic.flash_attention(*ch06.SHAPE).bytes
+    assert all(found[c].model_bytes for c in [*ch05.CASES, *ch06.CASES])
+    assert {"spills", "occupancy", "dram"} <= set(found["ch05.chain_60"].questions)
+    assert set(found["ch06.attention_labkernels"].questions) == {"dram", "tensor_pipe"}
 
 
 def test_make_bench_finds_the_profiler_tables_and_the_timings():
-    from labkernels import bench
+    """In a fresh process: here, other tests have already imported the chapters' profiles modules."""
+    import subprocess
+    import sys
 
-    found = bench.discover()
-    assert {"ch02_profile", "ch03_profile", "ch04_profile", "ch03_grouping", "ch02_transpose"} <= set(found)
+    code = "from labkernels import bench; print(' '.join(sorted(bench.discover())))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = set(done.stdout.split())
+    assert {"ch02_profile", "ch03_profile", "ch04_profile", "ch03_grouping", "ch02_transpose"} <= found
+    assert {"ch05_profile", "ch06_profile"} <= found
 
 
 def test_unknown_case_is_a_clear_error():
@@ -185,6 +212,113 @@ def test_unknown_case_is_a_clear_error():
         P.get_case("ch99.nothing")
     with pytest.raises(KeyError, match="unknown profile question"):
         P.case("ch99.bad", questions=["nonsense"])
+    with pytest.raises(ValueError, match="model_bytes must be a positive int, got 0"):
+        P.case("ch99.bad", questions=["dram"], model_bytes=0)
+
+
+# A second hand-written FIXTURE in the same layout: an eager chain, one kernel per torch op (add, relu, mul),
+# made-up numbers. The relu kernel reads 1.5 of its MB from L2's leftovers, so the kernels' bytes differ.
+EAGER = "void at::native::vectorized_elementwise_kernel<4, at::native::{}<float>>(int, float)"
+EAGER_METRICS = [
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__time_duration.sum",
+    "launch__registers_per_thread",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+]
+EAGER_ROWS = [
+    HEAD + EAGER_METRICS,
+    [""] * len(HEAD) + ["Mbyte", "Mbyte", "%", "usecond", "register/thread", "%", "%"],
+    ["0", "4242", "python3", "host", EAGER.format("AddFunctor"), "1", "7", "(128, 1, 1)", "(1024, 1, 1)", "0"]
+    + ["9.0", "8", "4", "90", "3", "16", "0", "20"],
+    [
+        "1",
+        "4242",
+        "python3",
+        "host",
+        EAGER.format("ReluFunctor"),
+        "1",
+        "7",
+        "(128, 1, 1)",
+        "(1024, 1, 1)",
+        "0",
+    ]
+    + ["9.0", "2.5", "4", "60", "1", "18", "n/a", "10"],
+    ["2", "4242", "python3", "host", EAGER.format("MulFunctor"), "1", "7", "(128, 1, 1)", "(1024, 1, 1)", "0"]
+    + ["9.0", "4", "4", "80", "2", "16", "0", "30"],
+]
+EAGER_PAGE = "".join(",".join(f'"{cell}"' for cell in row) + "\n" for row in EAGER_ROWS)
+
+
+def test_total_row_sums_bytes_and_time():
+    total = P.total_row(P.parse_raw_csv(EAGER_PAGE))
+    assert total["kernels"] == 3
+    assert total["dram__bytes_read.sum"] == pytest.approx(14.5e6)  # 8 + 2.5 + 4 MB
+    assert total["dram__bytes_write.sum"] == pytest.approx(12e6)
+    assert total[P.TIME] == pytest.approx(6_000)  # 3 + 1 + 2 us, in ns
+    # % of peak over elapsed time: weighted by each kernel's time, (90*3 + 60*1 + 80*2) / 6
+    assert total["dram__throughput.avg.pct_of_peak_sustained_elapsed"] == pytest.approx(490 / 6)
+    assert total["sm__throughput.avg.pct_of_peak_sustained_elapsed"] == pytest.approx(130 / 6)
+    assert "launch__registers_per_thread" not in total  # a per-launch setting does not add up
+    assert not any("hmma" in m for m in total)  # n/a in one kernel: no total rather than a wrong one
+    derived = P.derive(total)
+    assert derived["dram_bytes"] == pytest.approx(26.5e6) and derived["time_us"] == pytest.approx(6.0)
+
+
+@pytest.fixture
+def fake_ncu(monkeypatch):
+    """Cases registered here only, and an ncu that returns EAGER_PAGE for any case."""
+    monkeypatch.setattr(P, "CASES", dict(P.discover()))
+    monkeypatch.setattr(P, "run_ncu", lambda name, metrics, keep=None: (EAGER_PAGE, EAGER_METRICS))
+    return P.case
+
+
+def test_a_summed_case_keeps_its_kernels_and_adds_their_sum(fake_ncu):
+    fake_ncu("t.eager", questions=["dram"], total=True, model_bytes=20_000_000)(lambda: None)
+    table = P.profile("t.eager")
+    kernels = [r["kernel"] for r in table.rows]
+    assert kernels == ["vectorized_elementwise_kernel"] * 3 + ["sum of 3 kernels"]
+    per_kernel, whole = table.rows[:3], table.rows[3]
+    assert [r["dram_bytes"] for r in per_kernel] == pytest.approx([12e6, 6.5e6, 8e6])
+    assert "kernels" not in per_kernel[0] and "model_bytes" not in per_kernel[0]
+    assert whole["case"] == "t.eager" and whole["question"] == "dram" and whole["kernels"] == 3
+    assert whole["dram_bytes"] == pytest.approx(26.5e6) and whole["time_us"] == pytest.approx(6.0)
+    assert whole["model_bytes"] == 20_000_000 and whole["dram_vs_model"] == pytest.approx(26.5 / 20)
+    assert "tensor_pipe_pct" not in whole  # the pipe's % did not add up; the SM's throughput is not it
+    assert "launch__registers_per_thread" not in whole
+
+
+def test_a_case_without_total_keeps_one_row_per_kernel(fake_ncu):
+    fake_ncu("t.plain", questions=["dram"], model_bytes=20_000_000)(lambda: None)
+    with pytest.warns(UserWarning, match="3 kernels and no total=True"):
+        table = P.profile("t.plain")
+    assert len(table) == 3 and not any("model_bytes" in r or "kernels" in r for r in table.rows)
+    fake_ncu("t.one", questions=["dram"], kernel="MulFunctor", total=True, model_bytes=4_000_000)(
+        lambda: None
+    )
+    (row,) = P.profile("t.one").rows  # one kernel: no sum row, and its own row carries the model
+    assert row["dram_bytes"] == pytest.approx(8e6) and row["dram_vs_model"] == pytest.approx(2.0)
+
+
+def test_summary_shows_a_sum_with_or_without_its_kernels(fake_ncu, tmp_path):
+    from labkernels.results import load, record
+
+    fake_ncu("ch05.eager", questions=["dram"], total=True, model_bytes=20_000_000)(lambda: None)
+    fake_ncu("ch05.fused", questions=["dram"], kernel="AddFunctor", model_bytes=12_000_000)(lambda: None)
+    rows = P.profile("ch05.eager").rows + P.profile("ch05.fused").rows
+    table = load(record("t_profile", rows, tmp_path))  # as the notebook reads it: a CSV, "" where absent
+    text = P.summary(table, ["dram"], per_kernel=False).splitlines()
+    assert text[0].split() == ["case", "kernel", "time_us", "dram_bytes", "dram_%peak", "model_bytes"] + [
+        "dram/model"
+    ]
+    assert [line.split()[:2] for line in text[1:]] == [
+        ["eager", "sum"],
+        ["fused", "vectorized_elementwise_kernel"],
+    ]
+    assert text[1].split()[-2:] == ["2e+07", "1.32"] and text[2].split()[-1] == "1"
+    assert len(P.summary(table, ["dram"]).splitlines()) == 1 + 4 + 1  # every kernel, then the sum
 
 
 def test_summary_is_lane_independent_text():

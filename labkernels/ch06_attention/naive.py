@@ -18,7 +18,9 @@ def naive_attention(
 ) -> torch.Tensor:
     """(B, H, N, D) inputs; the output in q's dtype. Computed in the inputs' dtype, as eager torch does."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    scores = (q @ k.transpose(-2, -1)) * scale  # read Q, K; write N^2 (B, H, N, N)
+    # The scale goes on Q (N x D), not on the scores: scaling N x N scores would be one more kernel reading
+    # and writing N^2 elements.
+    scores = (q * scale) @ k.transpose(-2, -1)  # read Q, K; write N^2 (B, H, N, N)
     if causal:
         n = q.shape[-2]
         keep = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()

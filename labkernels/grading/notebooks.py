@@ -305,11 +305,17 @@ def grade_notebook(
         answer = answers.get(ex.ex_id)
         if report["problem"] == TIME_LIMIT:
             answer = {"kind": "error", "error": TIME_LIMIT}
+        correctness = None
         for speed in (False, True):
             if (ex.speed_points if speed else ex.points) == 0:
                 continue
-            outcome = _outcome(ex, answer, speed, LANE, deadline, defer_speed)
-            report["exercises"].append(make_record(ex, speed, outcome, LANE) | _deferred(outcome))
+            if speed and LANE == "gpu" and skip_timing(correctness):
+                outcome = {"cases": [], "error": NOT_TIMED}
+            else:
+                outcome = _outcome(ex, answer, speed, LANE, deadline, defer_speed)
+            record = make_record(ex, speed, outcome, LANE)
+            correctness = correctness or record
+            report["exercises"].append(record | _deferred(outcome))
     if deadline is not None and time.monotonic() > deadline:
         _zero(report, TIME_LIMIT)
     elif defer_speed and any(r.get("deferred") for r in report["exercises"]):
@@ -317,6 +323,16 @@ def grade_notebook(
     if seal is not None:
         seal.check(f"after grading {path}")
     return report
+
+
+NOT_TIMED = "not timed: none of its correctness cases passed"
+
+
+def skip_timing(correctness: dict | None) -> bool:
+    """Time an answer only if it passed a correctness case. A wrong kernel earns no speed points anyway, and a
+    class's speed cases run one notebook at a time on the GPU: each skipped one saves a worker's start-up,
+    its compile and its timing (stubs and broken answers are a third of a class or more)."""
+    return correctness is not None and correctness["possible"] > 0 and correctness["earned"] == 0
 
 
 def _deferred(outcome: dict) -> dict:
