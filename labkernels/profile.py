@@ -452,9 +452,10 @@ def derive(row: dict) -> dict:
         ),
         "load_bytes_per_request": _ratio(row, pipe.format("bytes", "ld"), pipe.format("requests", "ld")),
     }
-    tensor = [row.get(m) for m in QUESTIONS["tensor_pipe"][:2]]
-    tensor = [t for t in tensor if isinstance(t, int | float)]
-    out["tensor_pipe_pct"] = max(tensor) if tensor else None
+    # The tensor pipe's own counter only: the SM's throughput beside it is any pipe's (a softmax keeps the SM
+    # busy with the tensor cores idle), so it never stands in for it.
+    tensor = row.get(QUESTIONS["tensor_pipe"][0])
+    out["tensor_pipe_pct"] = tensor if isinstance(tensor, int | float) else None
     # One load instruction outstanding per resident warp: the bytes an SM keeps in flight at the least.
     warps, per_request = row.get("sm__warps_active.avg.per_cycle_active"), out["load_bytes_per_request"]
     if isinstance(warps, int | float) and per_request is not None:
@@ -486,8 +487,6 @@ def _summed(name: str, rows: list[dict], questions: list[str], measured: list[st
     """The table row of `total_row`: the kernel column says how many kernels it sums."""
     raw = total_row(rows)
     derived = derive(raw)
-    if QUESTIONS["tensor_pipe"][0] not in raw:  # derive would fall back on the SM's throughput: not the pipe
-        derived.pop("tensor_pipe_pct", None)
     head = {"case": name, "kernel": f"sum of {len(rows)} kernels", "question": "+".join(questions)}
     return {**head, "kernels": raw["kernels"], **derived, **{m: raw[m] for m in measured if m in raw}}
 

@@ -421,3 +421,13 @@ def test_make_bench_skips_profiler_tables_without_ncu(monkeypatch, tmp_path):
     written = bench.run(directory=tmp_path)
     assert [p.rsplit("/", 1)[-1] for p in written] == ["t_plain.csv"]
     assert not (tmp_path / "t_profile.csv").exists()
+
+
+def test_tensor_pipe_is_the_pipes_own_counter_never_the_sms_throughput():
+    """A softmax keeps the SM busy with the tensor cores idle: its tensor-pipe % is the hmma counter's."""
+    busy_sm = {
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": 2.4,
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed": 77.3,
+    }
+    assert P.derive(busy_sm)["tensor_pipe_pct"] == pytest.approx(2.4)
+    assert "tensor_pipe_pct" not in P.derive({"sm__throughput.avg.pct_of_peak_sustained_elapsed": 77.3})

@@ -45,10 +45,10 @@ GPU_CONFIGS = [
     _config(16, 64, 128, 4, 4),
 ]
 SMALL_M = 64  # up to this M only the 16-row configs are tried, above it only the big ones
-# path="auto" fuses up to this M (memory-bound on W) and dequantises once above it. The ch05_int8_paths rows
+# path="auto" fuses up to this M (memory-bound on W) and dequantises once above it. The int8_paths rows
 # of labkernels/reference/ch05_fusion.csv time both paths over M on the H200; re-measure it with
 # `bench.int8_path_rows` on another GPU.
-FUSED_MAX_M = 64
+FUSED_MAX_M = 32
 PATHS = ("auto", "fused", "dequantize")
 
 
