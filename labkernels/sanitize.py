@@ -508,9 +508,9 @@ NOT_OPS = {
     "reference", "reference_add_relu", "scale_shift_reference", "reference_mul_add_sigmoid",
     "reference_chain", "eager", "load", "ensure_loaded", "quantize", "launch_config", "config",
     "tuned_config", "vector_width", "needs_int64", "registers", "chain_registers", "check_count",
-    "check_block_size", "check_num_warps", "check_elementwise", "check_out_overlap", "grad_wanted",
+    "check_block_size", "check_num_warps", "check_elementwise", "check_out_overlap", "check_operands",
     "split_for", "split_chunk", "auto_candidates", "num_sms", "chosen_kernel", "candidates", "output_size",
-    "weight_from_torch",
+    "weight_from_torch", "grad_wanted",
 }  # fmt: skip
 
 

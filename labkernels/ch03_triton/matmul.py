@@ -296,7 +296,9 @@ class _Tuned(NamedTuple):
 _tuned_launches: dict[tuple, _Tuned] = {}
 
 
-def _check(a, b, bias, activation, input_precision, kernel) -> None:
+def check_operands(a, b) -> None:
+    """The operand checks every matmul of the course makes (chapter 04's split-K and stream-K too): two 2-D
+    tensors of one supported dtype, on one device of this lane, with matching inner dimensions."""
     require_device(a, "matmul: a")
     require_device(b, "matmul: b")
     for name, t in (("a", a), ("b", b)):
@@ -312,6 +314,10 @@ def _check(a, b, bias, activation, input_precision, kernel) -> None:
         raise TypeError(f"matmul: {BF16_ON_CPU}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"matmul: inner dimensions differ, a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+
+
+def _check(a, b, bias, activation, input_precision, kernel) -> None:
+    check_operands(a, b)
     if activation not in ACTIVATIONS:
         raise ValueError(f"matmul: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if input_precision not in ("ieee", "tf32"):

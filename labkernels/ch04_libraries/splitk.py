@@ -43,12 +43,10 @@ import triton
 import triton.language as tl
 
 from labkernels.ch03_triton import matmul as ch03
-from labkernels.ch03_triton.matmul import _tile_coordinates  # grouped program order, as chapter 03 teaches
-from labkernels.ch03_triton.vector_add import BF16_ON_CPU
-from labkernels.lane import DEVICE, LANE, on_gpu, require_device
+from labkernels.ch03_triton.matmul import _tile_coordinates, check_operands  # grouped order, as ch03 teaches
+from labkernels.lane import DEVICE, LANE, on_gpu
 from labkernels.timing import autotune_bench, graph_ms
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "k_major")
 CH03_KERNELS = ("tiled", "tma_persistent")
 SHARED_MEMORY_BYTES = ch03.SHARED_MEMORY_BYTES
@@ -143,7 +141,6 @@ def auto_candidates(
 
 
 # --- the kernels -------------------------------------------------------------------------------------------
-
 
 
 @triton.jit
@@ -450,21 +447,7 @@ def _run_stream_k(a, b, c, precision, big) -> None:
 
 
 def _check(a, b, kernel, split_k, deterministic, allow_tf32) -> None:
-    require_device(a, "matmul: a")
-    require_device(b, "matmul: b")
-    for name, t in (("a", a), ("b", b)):
-        if t.dtype not in DTYPES:
-            raise TypeError(f"matmul: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
-        if t.dim() != 2:
-            raise ValueError(f"matmul: {name} must be 2-D, got shape {tuple(t.shape)}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"matmul: a and b must share one dtype, got {a.dtype} and {b.dtype}")
-    if a.device != b.device:
-        raise ValueError(f"matmul: a is on {a.device} and b on {b.device}")
-    if a.dtype == torch.bfloat16 and not on_gpu():
-        raise TypeError(f"matmul: {BF16_ON_CPU}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul: inner dimensions differ, a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+    check_operands(a, b)
     if kernel not in KERNELS:
         raise ValueError(f"matmul: kernel must be one of {KERNELS}, got {kernel!r}")
     if split_k is not None:
