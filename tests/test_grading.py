@@ -269,3 +269,30 @@ def test_speed_cases_are_timed_only_after_a_passed_correctness_case():
     assert not notebooks.skip_timing(record(1))  # partly right: its speed is graded
     assert not notebooks.skip_timing(record(0, possible=0))  # no correctness part on this lane
     assert not notebooks.skip_timing(None)  # a speed-only exercise
+
+
+def test_timed_calls_start_their_clock_behind_gpu_work_so_launch_latency_is_not_timed():
+    """The worker busies the GPU before recording the start event: on the GPU the event then runs once the
+    host has launched the answer's kernels (simulated here: the order of the calls is what matters)."""
+    from labkernels.grading import child
+
+    order = []
+
+    names = iter(["start", "end"])  # the worker makes its start event first
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.name = next(names)
+
+        def record(self):
+            order.append(f"record {self.name}")
+
+        def elapsed_time(self, other):
+            return 0.05
+
+    worker = object.__new__(child.Worker)
+    worker.event, worker.synchronize = Event, lambda: order.append("synchronize")
+    worker.gpu_busy = lambda cycles: order.append(f"busy {cycles}")
+    ms = worker._timed(lambda x: order.append("answer"), (1,), {})
+    assert ms == 0.05
+    assert order == [f"busy {child.GPU_BUSY_CYCLES}", "record start", "answer", "record end", "synchronize"]
