@@ -227,6 +227,8 @@ def test_dequantize_matches_eager_bitwise_and_refuses_bad_input():
         prologue.dequantize(w_int8.float(), scale)
     with pytest.raises(ValueError, match="scale must be"):
         prologue.dequantize(w_int8, scale[:3])
+    with pytest.raises(RuntimeError, match="requires grad"):
+        prologue.dequantize(w_int8, scale.clone().requires_grad_())
     with pytest.raises(ValueError, match="path must be"):
         prologue.int8_matmul(_randn(4, 70), w_int8, scale, path="fast")
 
@@ -331,3 +333,17 @@ def test_rmsnorm_residual_large_rows_bf16():
     y_ref, h_ref = rmsnorm.reference(x.double(), r.double(), w.double())
     _close(y, y_ref, RMSNORM_TOL[torch.bfloat16])
     _close(h, h_ref, POINTWISE_TOL[torch.bfloat16])
+
+
+def test_int8_matmul_past_32_bit_offsets_dequantises_or_refuses(monkeypatch):
+    """Operands whose offsets pass 2^31 (faked here: such tensors need gigabytes) never reach the fused
+    kernel's 32-bit offsets: "auto" dequantises (64-bit offsets), "fused" refuses and says why."""
+    from labkernels.ch03_triton import matmul as matmul_mod
+
+    a = _randn(5, 40)
+    w_int8, scale = prologue.quantize(_randn(40, 24))
+    monkeypatch.setattr(matmul_mod, "needs_int64", lambda a, b: True)
+    got = prologue.int8_matmul(a, w_int8, scale)
+    assert torch.equal(got, prologue.int8_matmul(a, w_int8, scale, path="dequantize"))
+    with pytest.raises(ValueError, match="2\\^31"):
+        prologue.int8_matmul(a, w_int8, scale, path="fused")

@@ -145,7 +145,7 @@ def _dequantize_kernel(
     BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     offs_k = (tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)  # KN may pass 2^31
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # x a column stride of K
     mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
     w = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=mask)  # read int8
     scale = tl.load(scale_ptr + offs_n, mask=offs_n < N).to(tl.float32)  # read N per program
@@ -168,6 +168,8 @@ def dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             f"dequantize: scale must be float16/bfloat16/float32 of shape ({w_int8.shape[1]},), "
             f"got {scale.dtype} {tuple(scale.shape)}"
         )
+    if torch.is_grad_enabled() and scale.requires_grad:
+        raise RuntimeError("dequantize: scale requires grad, but this kernel has no backward; use torch.no_grad()")
     K, N = w_int8.shape
     out = torch.empty((K, N), device=w_int8.device, dtype=scale.dtype)
     if out.numel() == 0:
@@ -240,12 +242,18 @@ def int8_matmul(
 
     path: "fused" dequantises in the matmul's loads (W read once, as int8); "dequantize" writes the 16-bit
     weights once and runs chapter 03's matmul on them (read KN int8, write KN, then the matmul reads KN);
-    "auto" fuses when M <= FUSED_MAX_M, where the matmul is memory-bound on W."""
+    "auto" fuses when M <= FUSED_MAX_M, where the matmul is memory-bound on W, and the offsets fit 32 bits."""
     _check(a, w_int8, scale, input_precision)
     if path not in PATHS:
         raise ValueError(f"int8_matmul: path must be one of {PATHS}, got {path!r}")
-    if path == "dequantize" or (path == "auto" and a.shape[0] > FUSED_MAX_M):
+    wide = matmul_mod.needs_int64(a, w_int8)  # the fused kernel's offsets are 32-bit
+    if path == "dequantize" or (path == "auto" and (a.shape[0] > FUSED_MAX_M or wide)):
         return matmul_mod.matmul(a, dequantize(w_int8, scale), input_precision=input_precision)
+    if wide:
+        raise ValueError(
+            "int8_matmul: path='fused' indexes with 32-bit offsets and these operands (or C) reach past "
+            "2^31 elements; use path='auto' or 'dequantize' (64-bit offsets)"
+        )
     return _fused(a, w_int8, scale, input_precision)
 
 
