@@ -169,7 +169,7 @@ def dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             f"got {scale.dtype} {tuple(scale.shape)}"
         )
     if torch.is_grad_enabled() and scale.requires_grad:
-        raise RuntimeError("dequantize: scale requires grad, but this kernel has no backward (torch.no_grad())")
+        raise RuntimeError("dequantize: scale requires grad, and this kernel has no backward")
     K, N = w_int8.shape
     out = torch.empty((K, N), device=w_int8.device, dtype=scale.dtype)
     if out.numel() == 0:
