@@ -347,3 +347,17 @@ def test_int8_matmul_past_32_bit_offsets_dequantises_or_refuses(monkeypatch):
     assert torch.equal(got, prologue.int8_matmul(a, w_int8, scale, path="dequantize"))
     with pytest.raises(ValueError, match="2\\^31"):
         prologue.int8_matmul(a, w_int8, scale, path="fused")
+
+
+def test_int8_path_table_names_the_faster_path_per_m():
+    from labkernels.ch05_fusion import bench
+    from labkernels.results import Table
+
+    rows = [
+        {"kind": "int8_paths", "shape": f"{m}x64x64", "impl": impl, "ms": ms}
+        for m, times in ((16, (0.01, 0.02, 0.01)), (128, (0.05, 0.03, 0.01)))
+        for impl, ms in zip(("fused", "dequantize", "cublas, 16-bit weights"), times, strict=True)
+    ]
+    table = bench.int8_path_table(Table(rows + [{"kind": "other", "shape": "1", "impl": "x", "ms": 1.0}]))
+    assert [(r["M"], r["faster"]) for r in table.rows] == [(16, "fused"), (128, "dequantize")]
+    assert table.rows[1]["dequantize_us"] == pytest.approx(30.0)

@@ -226,6 +226,21 @@ def int8_path_rows(ms=INT8_PATH_MS, n: int = 4096, k: int = 4096, dtype=torch.bf
     return rows
 
 
+def int8_path_table(table: Table) -> Table:
+    """The `int8_paths` rows as one row per M: each path's microseconds and the faster path."""
+    by_m: dict[int, dict] = {}
+    for r in table.where(kind="int8_paths").rows:
+        by_m.setdefault(int(r["shape"].split("x")[0]), {})[r["impl"]] = r["ms"] * 1e3
+    rows = []
+    for m, us in sorted(by_m.items()):
+        faster = "fused" if us["fused"] < us["dequantize"] else "dequantize"
+        rows.append(
+            {"M": m, "fused_us": us["fused"], "dequantize_us": us["dequantize"],
+             "cublas_16bit_us": us["cublas, 16-bit weights"], "faster": faster}
+        )  # fmt: skip
+    return Table(rows)
+
+
 @benchmark("ch05_fusion")
 def bench_fusion() -> list[dict]:
     copy_gbps = measure_copy_bandwidth()
