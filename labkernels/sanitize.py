@@ -427,7 +427,7 @@ def _ch06_online_softmax():
     # The public path picks the looped and split modes only for wide rows; the launcher with 16-column blocks
     # reaches every mode on 5 rows of 301 columns: a masked last block, 19 chunks a row.
     x = rand(5, 301)
-    for mode in ("one_block", "loop", "split"):
+    for mode in ("one_block", "prefetch", "loop", "split"):
         out = poisoned(5, 301)
         _online_softmax_mode(osm, x, out, mode)
         close(out, torch.softmax(x.double(), dim=1), f"online_softmax {mode}")
@@ -436,7 +436,7 @@ def _ch06_online_softmax():
 def _online_softmax_mode(osm, x: torch.Tensor, out: torch.Tensor, mode: str) -> None:
     """One launch of `mode`. The split modes wait for the other programs of their row, which the interpreter
     runs one after another: on the CPU lane they are skipped (the reference is copied in)."""
-    if mode == "one_block":  # the whole row in one block
+    if mode in ("one_block", "prefetch"):  # the whole row in one block
         osm._launch(x, out, triton.next_power_of_2(x.shape[1]), 4, mode)
     elif on_gpu() or not mode.startswith("split"):
         osm._launch(x, out, 16, 1, mode)

@@ -326,6 +326,38 @@ def test_split_row_merges_and_gives_up_with_nan_under_the_interpreter():
     torch.testing.assert_close(out[:, 48:].double(), osm.reference(x.double())[:, 48:], atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", LANE_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 7), (9, 301), (300, 5000)])
+def test_prefetch_rows_walk_every_row(shape, dtype):
+    """Persistent programs walk rows grid-stride, loading the next row early: every row (more rows than
+    programs, and fewer) is written, strided rows included, and the prefetch past the last row is masked."""
+    if not ON_GPU and shape[0] * shape[1] > 100_000:
+        pytest.skip("the interpreter at this size: the GPU lane checks it")
+    wide = (torch.randn(shape[0], shape[1] + 3, device=DEVICE) * 4).to(dtype)
+    x = wide[:, : shape[1]]
+    out = _poisoned(shape, dtype)
+    osm._launch(x, out, 1 << (shape[1] - 1).bit_length(), 4, "prefetch")  # the whole row
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=atol, rtol=rtol)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape, block", [((64, 32768), 4096), ((8, 262_144 + 5), 8192)])
+def test_split_row_with_empty_chunks_on_the_gpu(shape, block, dtype):
+    """Chunks that are all -inf publish max -inf and sum 0; a row of -inf gives NaN, as torch's does."""
+    x = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
+    x[1, 3 * block :] = float("-inf")
+    x[2, :] = float("-inf")
+    out = _poisoned(shape, dtype)
+    osm._launch(x, out, block, 4, "split")
+    expected = torch.softmax(x.double(), dim=1)
+    assert torch.equal(out.isnan(), expected.isnan())
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol, equal_nan=True)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

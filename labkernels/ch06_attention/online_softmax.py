@@ -4,9 +4,10 @@ ch03's softmax holds a whole row in one program's registers, so rows wider than 
 softmax (Milakov & Gimelshein, 2018) walks a row in blocks and keeps two numbers, the running max m and the
 running sum l of exp(x - m); a new block with max m_b rescales the sum: l = l * exp(m - m_new) + sum exp(x_b -
 m_new). A second walk writes exp(x - m) / l. Traffic: a row that fits one block is read once and written once
-(`traffic.softmax`, 2MN); a row walked twice is read twice (3MN; the second read hits L2 if the rows in flight
-fit there); on the GPU a wide row can instead be split over programs that hold their chunks in registers and
-exchange (m, l): 2MN again. The same rescaling, applied to a sum of rows of V, is FlashAttention's inner loop.
+(`traffic.softmax`, 2MN; on the GPU persistent programs may load the next row while they reduce this one);
+a row walked twice is read twice (3MN; the second read hits L2 if the rows in flight fit there); on the GPU
+a wide row can instead be split over programs that hold their chunks in registers and exchange (m, l): 2MN
+again. The same rescaling, applied to a sum of rows of V, is FlashAttention's inner loop.
 Compute is fp32; the result is stored in x's dtype. Backward: dx = y * (g - sum(g * y)).
 """
 
@@ -83,11 +84,47 @@ def _online_softmax_kernel(
 
 
 @triton.jit
+def _prefetch_rows_kernel(
+    out_ptr,
+    x_ptr,
+    n_rows,
+    n_col_vecs,
+    x_row_vecs,
+    out_row_vecs,
+    BLOCK_SIZE: tl.constexpr,  # the whole row (a power of two)
+    VEC: tl.constexpr,
+):
+    """Whole rows, as ONE_BLOCK above, but a few persistent programs walk the rows grid-stride and issue the
+    next row's load before they reduce this one. A row of 32768 needs all of an SM's registers (one program
+    per SM), so without this the SM's loads stop while it takes the max, the sum and the exponentials and
+    stores: at 2 bytes an element those fixed costs are a larger share of a row's time than at 4."""
+    n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
+    first = tl.program_id(axis=0)
+    step = tl.num_programs(axis=0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    in_row = cols < n_cols
+    upcoming = tl.load(
+        x_ptr + first.to(tl.int64) * stride_xm + cols, mask=in_row & (first < n_rows), other=0.0
+    )
+    for row in range(first, n_rows, step):
+        x = upcoming.to(tl.float32)
+        nxt = row + step  # read N of the next row, in flight while this one is reduced
+        upcoming = tl.load(
+            x_ptr + tl.cast(nxt, tl.int64) * stride_xm + cols, mask=in_row & (nxt < n_rows), other=0.0
+        )
+        x = tl.where(in_row, x, -float("inf"))
+        num = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)
+        out = num * (1.0 / tl.sum(num, axis=0))
+        tl.store(
+            out_ptr + tl.cast(row, tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=in_row
+        )
+
+
+@triton.jit
 def _split_row_kernel(
     out_ptr,
     x_ptr,
-    stats_ptr,  # (rows, CHUNKS, 2) fp32: each chunk's (max, sum)
-    sync_ptr,  # int32 zeros: [0] the ticket counter, [1 + row] the chunks of that row that have arrived
+    words_ptr,  # int64, all -1 at launch: [0] the ticket counter, then (rows, CHUNKS) slots of packed states
     n_col_vecs,
     x_row_vecs,
     out_row_vecs,
@@ -97,41 +134,47 @@ def _split_row_kernel(
     MAX_SPIN: tl.constexpr,  # give up waiting after this many polls: NaN out, never a wrong number
 ):
     """A row too wide for one program, split over CHUNKS programs that each hold their chunk in registers:
-    read once, write once (2MN). The chunks exchange their (max, sum) through global memory and wait for each
-    other. Programs take a ticket in the order they start, so when one waits, every program with a lower
-    ticket has started: a row's chunks are all running or done as long as CHUNKS programs fit on the GPU at
-    once. Under the interpreter programs run one after another: there this path never completes (not used)."""
+    read once, write once (2MN). Each chunk publishes its (max, sum) as ONE 64-bit word (max's bits above,
+    sum's below) into a slot that starts at -1, then polls its row's slots until none is -1. The word is its
+    own flag: no fence, no arrival counter (each cost a round trip to L2 per program, measured at 10-15%).
+    Programs take a ticket in the order they start, so when one waits, every program with a lower ticket has
+    started: a row's chunks are all running or done as long as CHUNKS programs fit on the GPU at once.
+    Under the interpreter programs run one after another: only a row's last chunk completes (not used)."""
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
-    ticket = tl.atomic_add(sync_ptr, 1)
-    row = ticket // CHUNKS
-    chunk = ticket % CHUNKS
-    row64 = row.to(tl.int64)
-    cols = chunk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    # Programs almost always start in id order, so the load of chunk `pid` is issued while the ticket is on
+    # its way (relaxed: nothing is ordered against it); on a mismatch the right chunk is loaded.
+    pid = tl.program_id(axis=0)
+    offs = tl.arange(0, BLOCK_SIZE)
+    cols = (pid % CHUNKS) * BLOCK_SIZE + offs
+    x = tl.load(x_ptr + (pid // CHUNKS).to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=0.0)
+    ticket = tl.atomic_add(words_ptr, 1, sem="relaxed") + 1  # the counter starts at -1
+    if ticket != pid:
+        cols = (ticket % CHUNKS) * BLOCK_SIZE + offs
+        x = tl.load(x_ptr + (ticket // CHUNKS).to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=0.0)
+    row = (ticket // CHUNKS).to(tl.int64)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)  # read N
+    x = tl.where(mask, x.to(tl.float32), -float("inf"))  # read N (above)
     m = tl.max(x, axis=0)
-    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)  # a chunk of -inf: no NaN from -inf - -inf
     total = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
-    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
-    tl.store(stat, m)
-    tl.store(stat + 1, total)
-    tl.debug_barrier()  # the stats are written before the arrival is counted (release)
-    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
-    spins = arrived * 0
-    while (arrived < CHUNKS) & (spins < MAX_SPIN):
-        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+    high = m.to(tl.int32, bitcast=True).to(tl.int64) << 32
+    word = high | (total.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+    slots = words_ptr + 1 + row * CHUNKS
+    tl.atomic_xchg(slots + ticket % CHUNKS, word, sem="relaxed")  # one 64-bit write: never seen half done
+    words = tl.load(slots + tl.arange(0, CHUNKS), volatile=True)  # volatile: from L2 on every poll
+    spins = 0
+    while (tl.min(words, axis=0) == -1) & (spins < MAX_SPIN):
+        words = tl.load(slots + tl.arange(0, CHUNKS), volatile=True)
         spins += 1
-    tl.debug_barrier()
     # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
-    idx = tl.arange(0, CHUNKS)
-    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
-    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
+    ms = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    ls = words.to(tl.int32).to(tl.float32, bitcast=True)
     row_max = tl.max(ms, axis=0)
     row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
     row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
     out = tl.exp2((x - row_max) * 1.4426950408889634) * (1.0 / row_sum)
-    out = tl.where(arrived >= CHUNKS, out, float("nan"))
-    tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
+    out = tl.where(tl.min(words, axis=0) != -1, out, float("nan"))
+    tl.store(out_ptr + row * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
 
 MAX_SPIN = 1 << 16
@@ -150,18 +193,23 @@ def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
 
 def _candidates(n_cols: int) -> list[tuple[int, int, str]]:
     """(BLOCK_SIZE, num_warps, mode) configurations worth timing for a row width; mode is "one_block",
-    "loop" (two reads) or "split" (a row over several programs, one read)."""
+    "prefetch" (whole rows, the next one loading while this one is reduced), "loop" (two reads) or "split"
+    (a row over several programs, one read)."""
     whole = triton.next_power_of_2(n_cols)
     configs = []
     if whole <= MAX_ONE_BLOCK:
         configs += [
             (whole, w, "one_block") for w in (4, 8, 16, 32) if 32 * w <= whole and whole // (32 * w) <= 128
         ]
+    if 8192 < whole <= MAX_ONE_BLOCK:
+        configs += [(whole, w, "prefetch") for w in (16, 32)]
     if whole > 2048:
         configs += [(b, w, "loop") for b, w in ((4096, 8), (8192, 8), (8192, 16)) if b < whole]
     if whole > 8192:
         configs += [
-            (b, w, "split") for b, w in ((4096, 4), (8192, 8), (16384, 16)) if 2 <= whole // b <= MAX_CHUNKS
+            (b, w, "split")
+            for b, w in ((4096, 4), (8192, 4), (8192, 8), (16384, 8))
+            if 2 <= whole // b <= MAX_CHUNKS
         ]
     return configs or [(whole, 4, "one_block")]
 
@@ -170,26 +218,23 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
     n_rows, n_cols = x.shape
     vec = vector_width(x, out)
     args = (n_cols // vec, x.stride(0) // vec, out.stride(0) // vec)
-    if mode != "split":
+    if mode == "prefetch":
+        programs = min(n_rows, _sms(x.device))  # one program per SM: a 32768-wide row fills its registers
+        _prefetch_rows_kernel[(programs,)](out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, num_warps=warps)
+    elif mode == "split":
+        chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
+        words = torch.full((1 + n_rows * chunks,), -1, device=x.device, dtype=torch.int64)  # ticket, slots
+        _split_row_kernel[(n_rows * chunks,)](
+            out, x, words, *args, BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, num_warps=warps
+        )
+    else:
         _online_softmax_kernel[(n_rows,)](
             out, x, *args, BLOCK_SIZE=block, ONE_BLOCK=mode == "one_block", VEC=vec, num_warps=warps
         )
-        return
-    chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
-    stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
-    sync = torch.zeros(1 + n_rows, device=x.device, dtype=torch.int32)  # ticket, then arrivals per row
-    _split_row_kernel[(n_rows * chunks,)](
-        out,
-        x,
-        stats,
-        sync,
-        *args,
-        BLOCK_SIZE=block,
-        CHUNKS=chunks,
-        VEC=vec,
-        MAX_SPIN=max_spin,
-        num_warps=warps,
-    )
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu() else 4
 
 
 @functools.lru_cache(maxsize=256)
