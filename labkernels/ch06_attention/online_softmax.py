@@ -147,7 +147,7 @@ def _split_row_kernel(
     offs = tl.arange(0, BLOCK_SIZE)
     cols = (pid % CHUNKS) * BLOCK_SIZE + offs
     x = tl.load(x_ptr + (pid // CHUNKS).to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=0.0)
-    ticket = tl.atomic_add(words_ptr, 1, sem="relaxed") + 1  # the counter starts at -1
+    ticket = (tl.atomic_add(words_ptr, 1, sem="relaxed") + 1).to(tl.int32)  # the counter starts at -1
     if ticket != pid:
         cols = (ticket % CHUNKS) * BLOCK_SIZE + offs
         x = tl.load(x_ptr + (ticket // CHUNKS).to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=0.0)
