@@ -162,9 +162,11 @@ def _split_row_kernel(
     slots = words_ptr + 1 + row * CHUNKS
     tl.atomic_xchg(slots + ticket % CHUNKS, word, sem="relaxed")  # one 64-bit write: never seen half done
     words = tl.load(slots + tl.arange(0, CHUNKS), volatile=True)  # volatile: from L2 on every poll
+    pending = tl.sum((words == -1).to(tl.int32), axis=0)  # not min(words) == -1: a negative max is < -1
     spins = 0
-    while (tl.min(words, axis=0) == -1) & (spins < MAX_SPIN):
+    while (pending > 0) & (spins < MAX_SPIN):
         words = tl.load(slots + tl.arange(0, CHUNKS), volatile=True)
+        pending = tl.sum((words == -1).to(tl.int32), axis=0)
         spins += 1
     # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
     ms = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
@@ -173,7 +175,7 @@ def _split_row_kernel(
     row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
     row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
     out = tl.exp2((x - row_max) * 1.4426950408889634) * (1.0 / row_sum)
-    out = tl.where(tl.min(words, axis=0) != -1, out, float("nan"))
+    out = tl.where(pending == 0, out, float("nan"))
     tl.store(out_ptr + row * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
 
