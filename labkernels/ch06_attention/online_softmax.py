@@ -104,15 +104,19 @@ def _prefetch_rows_kernel(
     cols = tl.arange(0, BLOCK_SIZE)
     in_row = cols < n_cols
     upcoming = tl.load(
-        x_ptr + first.to(tl.int64) * stride_xm + cols, mask=in_row & (first < n_rows), other=0.0
+        x_ptr + first.to(tl.int64) * stride_xm + cols, mask=in_row & (first < n_rows), other=-float("inf")
     )
     for row in range(first, n_rows, step):
-        x = upcoming.to(tl.float32)
-        nxt = row + step  # read N of the next row, in flight while this one is reduced
+        current = upcoming
+        # Read N of the next row, issued BEFORE this row's registers are first used: using them waits for
+        # their load, and a load issued after that wait would leave one row in flight instead of two.
+        nxt = row + step
         upcoming = tl.load(
-            x_ptr + tl.cast(nxt, tl.int64) * stride_xm + cols, mask=in_row & (nxt < n_rows), other=0.0
+            x_ptr + tl.cast(nxt, tl.int64) * stride_xm + cols,
+            mask=in_row & (nxt < n_rows),
+            other=-float("inf"),
         )
-        x = tl.where(in_row, x, -float("inf"))
+        x = current.to(tl.float32)
         num = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)
         out = num * (1.0 / tl.sum(num, axis=0))
         tl.store(
@@ -124,7 +128,8 @@ def _prefetch_rows_kernel(
 def _split_row_kernel(
     out_ptr,
     x_ptr,
-    words_ptr,  # int64, all -1 at launch: [0] the ticket counter, then (rows, CHUNKS) slots of packed states
+    stats_ptr,  # (rows, CHUNKS, 2) fp32: each chunk's (max, sum)
+    sync_ptr,  # int32 zeros: [0] the ticket counter, [1 + row] the chunks of that row that have arrived
     n_col_vecs,
     x_row_vecs,
     out_row_vecs,
@@ -134,49 +139,41 @@ def _split_row_kernel(
     MAX_SPIN: tl.constexpr,  # give up waiting after this many polls: NaN out, never a wrong number
 ):
     """A row too wide for one program, split over CHUNKS programs that each hold their chunk in registers:
-    read once, write once (2MN). Each chunk publishes its (max, sum) as ONE 64-bit word (max's bits above,
-    sum's below) into a slot that starts at -1, then polls its row's slots until none is -1. The word is its
-    own flag: no fence, no arrival counter (each cost a round trip to L2 per program, measured at 10-15%).
-    Programs take a ticket in the order they start, so when one waits, every program with a lower ticket has
-    started: a row's chunks are all running or done as long as CHUNKS programs fit on the GPU at once.
-    Under the interpreter programs run one after another: only a row's last chunk completes (not used)."""
+    read once, write once (2MN). The chunks exchange their (max, sum) through global memory and wait for each
+    other. Programs take a ticket in the order they start, so when one waits, every program with a lower
+    ticket has started: a row's chunks are all running or done as long as CHUNKS programs fit on the GPU at
+    once. Under the interpreter programs run one after another: there this path never completes (not used)."""
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
-    # Programs almost always start in id order, so the load of chunk `pid` is issued while the ticket is on
-    # its way (relaxed: nothing is ordered against it); on a mismatch the right chunk is loaded.
-    pid = tl.program_id(axis=0)
-    offs = tl.arange(0, BLOCK_SIZE)
-    cols = (pid % CHUNKS) * BLOCK_SIZE + offs
-    x = tl.load(x_ptr + (pid // CHUNKS).to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=0.0)
-    ticket = (tl.atomic_add(words_ptr, 1, sem="relaxed") + 1).to(tl.int32)  # the counter starts at -1
-    if ticket != pid:
-        cols = (ticket % CHUNKS) * BLOCK_SIZE + offs
-        x = tl.load(x_ptr + (ticket // CHUNKS).to(tl.int64) * stride_xm + cols, mask=cols < n_cols, other=0.0)
-    row = (ticket // CHUNKS).to(tl.int64)
+    ticket = tl.atomic_add(sync_ptr, 1)
+    row = ticket // CHUNKS
+    chunk = ticket % CHUNKS
+    row64 = row.to(tl.int64)
+    cols = chunk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
-    x = tl.where(mask, x.to(tl.float32), -float("inf"))  # read N (above)
+    x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)  # read N
     m = tl.max(x, axis=0)
-    m_safe = tl.where(m == -float("inf"), 0.0, m)  # a chunk of -inf: no NaN from -inf - -inf
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
     total = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
-    high = m.to(tl.int32, bitcast=True).to(tl.int64) << 32
-    word = high | (total.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-    slots = words_ptr + 1 + row * CHUNKS
-    tl.atomic_xchg(slots + ticket % CHUNKS, word, sem="relaxed")  # one 64-bit write: never seen half done
-    words = tl.load(slots + tl.arange(0, CHUNKS), volatile=True)  # volatile: from L2 on every poll
-    pending = tl.sum((words == -1).to(tl.int32), axis=0)  # not min(words) == -1: a negative max is < -1
-    spins = 0
-    while (pending > 0) & (spins < MAX_SPIN):
-        words = tl.load(slots + tl.arange(0, CHUNKS), volatile=True)
-        pending = tl.sum((words == -1).to(tl.int32), axis=0)
+    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
+    tl.store(stat, m)
+    tl.store(stat + 1, total)
+    tl.debug_barrier()  # the stats are written before the arrival is counted (release)
+    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+    spins = arrived * 0
+    while (arrived < CHUNKS) & (spins < MAX_SPIN):
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
         spins += 1
+    tl.debug_barrier()
     # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
-    ms = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    ls = words.to(tl.int32).to(tl.float32, bitcast=True)
+    idx = tl.arange(0, CHUNKS)
+    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
+    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
     row_max = tl.max(ms, axis=0)
     row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
     row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
     out = tl.exp2((x - row_max) * 1.4426950408889634) * (1.0 / row_sum)
-    out = tl.where(pending == 0, out, float("nan"))
-    tl.store(out_ptr + row * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
+    out = tl.where(arrived >= CHUNKS, out, float("nan"))
+    tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
 
 MAX_SPIN = 1 << 16
@@ -225,9 +222,19 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
         _prefetch_rows_kernel[(programs,)](out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, num_warps=warps)
     elif mode == "split":
         chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
-        words = torch.full((1 + n_rows * chunks,), -1, device=x.device, dtype=torch.int64)  # ticket, slots
+        stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
+        sync = torch.zeros(1 + n_rows, device=x.device, dtype=torch.int32)  # ticket, then arrivals per row
         _split_row_kernel[(n_rows * chunks,)](
-            out, x, words, *args, BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, num_warps=warps
+            out,
+            x,
+            stats,
+            sync,
+            *args,
+            BLOCK_SIZE=block,
+            CHUNKS=chunks,
+            VEC=vec,
+            MAX_SPIN=max_spin,
+            num_warps=warps,
         )
     else:
         _online_softmax_kernel[(n_rows,)](
