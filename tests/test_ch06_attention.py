@@ -370,3 +370,22 @@ def test_split_row_on_the_gpu(shape, block, dtype):
     osm._launch(x, out, block, 8, "split")
     atol, rtol = SOFTMAX_TOL[dtype]
     torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=atol, rtol=rtol)
+
+
+def test_best_softmax_variants_keeps_the_fastest_config_per_shape():
+    from labkernels.results import load_reference
+
+    table = load_reference("ch06_softmax_variants")
+    best = bench.best_softmax_variants(table)
+    for row in best.rows:
+        runs = [
+            r["fraction_of_same_size_copy"]
+            for r in table.rows
+            if (r["rows"], r["cols"], r["dtype"], r["variant"])
+            == (row["rows"], row["cols"], row["dtype"], row["variant"])
+        ]
+        assert row["of_copy"] == round(max(runs), 3)
+    keys = [(r["rows"], r["cols"], r["dtype"], r["variant"]) for r in best.rows]
+    assert len(keys) == len(set(keys))  # one row per shape and variant
+    assert {r["variant"] for r in best.rows} == set(bench.SOFTMAX_VARIANTS)
+    assert all(str(r["correct"]) == "False" for r in best.rows if r["variant"] == "split_no_exchange")

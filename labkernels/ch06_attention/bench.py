@@ -166,6 +166,30 @@ def online_softmax_rows(n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps:
 SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144)]
 
 
+# The experiment behind the online softmax's modes (gpu_jobs/softmax_variants2.py, recorded in
+# labkernels/reference/ch06_softmax_variants.csv), in the order the notebook explains them.
+SOFTMAX_VARIANTS = ("tuned", "prefetch", "split_persistent_overlap", "split_no_exchange")
+
+
+def best_softmax_variants(table: Table) -> Table:
+    """The fastest configuration of each variant per shape, as a fraction of a same-size copy timed in the
+    same run. `tuned` is the autotuned choice of the time (one_block, loop or split); `split_no_exchange`
+    skips the programs' exchange (its result is wrong): the time of the memory traffic and the per-chunk
+    work alone, so the distance from it to `tuned` is what the exchange costs."""
+    rows = []
+    for shape in sorted({(r["rows"], r["cols"], r["dtype"]) for r in table.rows}, key=lambda s: (s[1], s[2])):
+        group = [r for r in table.rows if (r["rows"], r["cols"], r["dtype"]) == shape]
+        for variant in SOFTMAX_VARIANTS:
+            runs = [r for r in group if r["variant"] == variant]
+            if runs:
+                best = max(runs, key=lambda r: r["fraction_of_same_size_copy"])
+                rows.append(
+                    {k: best[k] for k in ("rows", "cols", "dtype", "variant", "config", "correct")}
+                    | {"of_copy": round(best["fraction_of_same_size_copy"], 3)}
+                )
+    return Table(rows)
+
+
 @benchmark("ch06_online_softmax")
 def bench_online_softmax() -> list[dict]:
     copy_gbps = measure_copy_bandwidth()
