@@ -166,8 +166,11 @@ def online_softmax_rows(n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps:
 SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144)]
 
 
-# The experiment behind the online softmax's modes (gpu_jobs/softmax_variants2.py, recorded in
-# labkernels/reference/ch06_softmax_variants.csv), in the order the notebook explains them.
+# The experiment behind the online softmax's modes, in the order the notebook explains them. The CSV
+# (labkernels/reference/ch06_softmax_variants.csv) holds gpu_jobs/softmax_variants2.py's rows from the H200 at
+# the revision in its `git` column, with the script's kinds renamed (shipped -> tuned, nosync ->
+# split_no_exchange, pipe -> split_persistent_overlap) and its 5000-column rows left out: there the variants
+# lacked the vector-width hint that the package's kernels have, so they were not comparable.
 SOFTMAX_VARIANTS = ("tuned", "prefetch", "split_persistent_overlap", "split_no_exchange")
 
 
