@@ -46,6 +46,14 @@ def on_gpu() -> bool:
     return LANE == "gpu"
 
 
+def sm_count(device: torch.device | str | None = None) -> int:
+    """Streaming multiprocessors of the GPU, the count persistent kernels launch programs by; 4 under the
+    interpreter, so that on the CPU lane each persistent program still loops over several tiles or rows."""
+    if LANE != "gpu":
+        return 4
+    return torch.cuda.get_device_properties(device if device is not None else DEVICE).multi_processor_count
+
+
 def size(*, cpu, gpu):
     """The per-lane problem size: small enough for the interpreter, large enough to fill an H200."""
     return gpu if LANE == "gpu" else cpu

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from labkernels import launch_cache
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU, INT32_MAX
-from labkernels.lane import DEVICE, LANE, on_gpu, require_device
+from labkernels.lane import DEVICE, LANE, on_gpu, require_device, sm_count
 from labkernels.timing import autotune_bench
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -398,7 +398,7 @@ def _choose(a, b, c, bias, options: dict, shape_key: tuple) -> str:
 @functools.cache
 def _programs(device: torch.device) -> int:
     """Persistent programs: one per SM (a few under the interpreter, so that each loops over tiles)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu() else 4
+    return sm_count(device)
 
 
 def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple):

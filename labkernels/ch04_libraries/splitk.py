@@ -44,7 +44,7 @@ import triton.language as tl
 
 from labkernels.ch03_triton import matmul as ch03
 from labkernels.ch03_triton.matmul import _tile_coordinates, check_operands  # grouped order, as ch03 teaches
-from labkernels.lane import DEVICE, LANE, on_gpu
+from labkernels.lane import DEVICE, LANE, on_gpu, sm_count
 from labkernels.timing import autotune_bench, graph_ms
 
 KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "k_major")
@@ -351,7 +351,7 @@ def _launch(key: tuple, autotuned, jitted, grid_of, args: tuple, options: dict, 
 def num_sms(device: torch.device = DEVICE) -> int:
     """Streaming multiprocessors: persistent programs, and what the auto rule fills (4 under the interpreter,
     so that the CPU lane's stream-K programs share tiles)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu() else 4
+    return sm_count(device)
 
 
 _stream_k_scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkernels.lane import LANE, on_gpu, require_device
+from labkernels.lane import LANE, on_gpu, require_device, sm_count
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
@@ -218,7 +218,7 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
     vec = vector_width(x, out)
     args = (n_cols // vec, x.stride(0) // vec, out.stride(0) // vec)
     if mode == "prefetch":
-        programs = min(n_rows, _sms(x.device))  # one program per SM: a 32768-wide row fills its registers
+        programs = min(n_rows, sm_count(x.device))  # one program per SM: a 32768-wide row fills its registers
         _prefetch_rows_kernel[(programs,)](out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, num_warps=warps)
     elif mode == "split":
         chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
@@ -240,10 +240,6 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
         _online_softmax_kernel[(n_rows,)](
             out, x, *args, BLOCK_SIZE=block, ONE_BLOCK=mode == "one_block", VEC=vec, num_warps=warps
         )
-
-
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if on_gpu() else 4
 
 
 @functools.lru_cache(maxsize=256)
