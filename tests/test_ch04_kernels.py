@@ -325,6 +325,141 @@ def test_conv_empty_batch():
     assert conv2d_nhwc(x[:0], w).shape == (0, 3, 3, 3)
 
 
+# --- convolution: the cached launch of a known key ----------------------------------------------------------
+
+
+def _conv_known(x, w, bias=None, stride=1, padding=0):
+    return conv_mod._launches.get(conv_mod._launch_key(x, w, bias, stride, padding))
+
+
+def _count_checks(monkeypatch) -> list:
+    calls = []
+    check = conv_mod._check
+    monkeypatch.setattr(conv_mod, "_check", lambda *args: calls.append(1) or check(*args))
+    return calls
+
+
+def _assert_conv(y, x, w, bias=None, stride=1, padding=0):
+    expected = conv_mod.reference(x, w, bias, stride=stride, padding=padding)
+    assert y.shape == expected.shape and y.dtype == x.dtype and y.is_contiguous()
+    atol, rtol = CONV_TOL[x.dtype]
+    torch.testing.assert_close(y.double(), expected, atol=atol * (w[0].numel() ** 0.5), rtol=rtol)
+
+
+def test_conv_known_key_skips_the_checks_and_computes_right(monkeypatch):
+    shape, opts = (2, 7, 9, 5, 6, 3), {"stride": 2, "padding": 1}
+    x, w, _ = _conv_operands(*shape)
+    bias = torch.randn(12, device=DEVICE)[::2]  # strided: copied to a contiguous one on every call
+    conv2d_nhwc(x, w, bias, **opts)  # tunes
+    first = conv2d_nhwc(x, w, bias, **opts)  # keeps the launcher
+    assert _conv_known(x, w, bias, **opts) is not None
+    _assert_conv(first, x, w, bias, **opts)
+    calls = _count_checks(monkeypatch)
+    x2, w2, _ = _conv_operands(*shape)  # same key, other values and storage
+    bias2 = torch.randn(12, device=DEVICE)[::2]
+    _assert_conv(conv2d_nhwc(x2, w2, bias2, **opts), x2, w2, bias2, **opts)
+    assert calls == []
+
+
+def test_conv_known_key_writes_every_output(monkeypatch):
+    monkeypatch.setattr(conv_mod, "torch", _PoisonedTorch())
+    x, w, bias = _conv_operands(1, 9, 6, 20, 17, 3)
+    for _ in range(3):  # tunes, keeps the launcher, launches through it: each y starts as NaN
+        x, w, bias = torch.randn_like(x), torch.randn_like(w), torch.randn_like(bias)
+        y = conv2d_nhwc(x, w, bias, stride=2, padding=1)
+        assert not y.isnan().any()
+        _assert_conv(y, x, w, bias, stride=2, padding=1)
+    assert _conv_known(x, w, bias, stride=2, padding=1) is not None
+
+
+def test_conv_key_separates_what_the_checks_and_triton_read():
+    x, w, bias = _conv_operands(1, 5, 5, 4, 3, 3)
+    key = conv_mod._launch_key
+    base = key(x, w, None, 1, 1)
+    buffer = torch.randn(x.numel() + 1, device=DEVICE)
+    variants = [
+        key(torch.randn(1, 5, 6, 4, device=DEVICE), w, None, 1, 1),  # shape
+        key(x.permute(0, 2, 1, 3), w, None, 1, 1),  # same shape, other strides: refused by the checks
+        key(x.half(), w.half(), None, 1, 1),  # dtype
+        key(buffer[1:].view(x.shape), w, None, 1, 1),  # 4 bytes past a 16-byte boundary: other kernel
+        key(x, w, bias, 1, 1),  # bias
+        key(x, w, None, 2, 1),  # stride
+        key(x, w, None, True, 1),  # stride=True is refused by the checks, not taken for 1
+        key(x, w, None, 1, 1.0),  # so is padding=1.0
+        key(x, w.clone().requires_grad_(True), None, 1, 1),  # would need a backward: refused
+    ]
+    assert all(v != base for v in variants)
+    assert key(torch.randn_like(x), torch.randn_like(w), None, 1, 1) == base  # values, storage: not in it
+    with torch.no_grad():  # without grad mode, requiring grad changes nothing
+        assert key(x, w.clone().requires_grad_(True), None, 1, 1) == base
+
+
+def test_conv_other_key_is_not_served_by_the_cached_launcher(monkeypatch):
+    buffer = torch.randn(2 * 6 * 7 * 8 + 1, device=DEVICE)
+    x, w = buffer[:-1].view(2, 6, 7, 8), torch.randn(5, 3, 3, 8, device=DEVICE)
+    conv2d_nhwc(x, w, padding=1)
+    conv2d_nhwc(x, w, padding=1)
+    cached = _conv_known(x, w, padding=1)
+    calls = _count_checks(monkeypatch)
+    others = [
+        (buffer[1:].view(2, 6, 7, 8), w, {"padding": 1}),  # unaligned x
+        (x, w, {"padding": 1, "stride": 2}),  # stride
+        (x, w, {"padding": 0}),  # padding
+        (x[:, :5].contiguous(), w, {"padding": 1}),  # shape
+        (x.half(), w.half(), {"padding": 1}),  # dtype: float16 runs under the interpreter
+    ]
+    for n, (xo, wo, opts) in enumerate(others, start=1):
+        assert _conv_known(xo, wo, **opts) is None
+        _assert_conv(conv2d_nhwc(xo, wo, **opts), xo, wo, **opts)
+        assert len(calls) == n  # checked: a new key
+    assert _conv_known(x, w, padding=1) is cached
+
+
+def test_conv_errors_still_come_after_a_key_is_known():
+    x, w, bias = _conv_operands(1, 5, 5, 4, 3, 3)
+    for _ in range(2):  # tunes, then keeps the launcher
+        conv2d_nhwc(x, w, bias, padding=1)
+        conv2d_nhwc(x, w)
+    assert _conv_known(x, w, bias, padding=1) is not None and _conv_known(x, w) is not None
+    with pytest.raises(ValueError, match="contiguous"):
+        conv2d_nhwc(x.permute(0, 2, 1, 3), w)  # the same shape, transposed
+    with pytest.raises(ValueError, match="contiguous"):
+        conv2d_nhwc(x, w.permute(0, 2, 1, 3))
+    with pytest.raises(TypeError, match="share one dtype"):
+        conv2d_nhwc(x, w.half())
+    with pytest.raises(ValueError, match="channels differ"):
+        conv2d_nhwc(x, w[..., :3].contiguous())
+    with pytest.raises(ValueError, match="bias must have shape"):
+        conv2d_nhwc(x, w, bias[:2], padding=1)
+    with pytest.raises(TypeError, match="bias has unsupported dtype"):
+        conv2d_nhwc(x, w, bias.int(), padding=1)
+    with pytest.raises(TypeError, match="stride must be an int"):
+        conv2d_nhwc(x, w, stride=True)
+    with pytest.raises(TypeError, match="padding must be an int"):
+        conv2d_nhwc(x, w, bias, padding=1.0)
+    with pytest.raises(ValueError, match="meta"):
+        conv2d_nhwc(x.to("meta"), w)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        conv2d_nhwc(x.tolist(), w)
+
+
+def test_conv_requires_grad_still_refused_after_a_key_is_known():
+    x, w, bias = _conv_operands(1, 5, 5, 4, 3, 3)
+    trained = w.clone().requires_grad_(True)
+    with torch.no_grad():  # allowed without grad mode: this key is kept
+        for _ in range(2):
+            y = conv2d_nhwc(x, trained, bias, padding=1)
+    assert _conv_known(x, trained, bias, padding=1) is None  # grad mode is on here: another key
+    _assert_conv(y, x, w, bias, padding=1)
+    for args in (
+        (x, trained, bias),
+        (x.clone().requires_grad_(True), w, bias),
+        (x, w, bias.requires_grad_()),
+    ):
+        with pytest.raises(ValueError, match="no backward"):
+            conv2d_nhwc(*args, padding=1)
+
+
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize(
     "case", [(32, 14, 14, 256, 256, 3, 1, 1), (3, 17, 13, 64, 96, 3, 2, 1), (4, 28, 28, 256, 64, 1, 1, 0)]
@@ -357,3 +492,40 @@ print("ok")
 def test_conv_beyond_int32_offsets():
     done = subprocess.run([sys.executable, "-c", BIG_CONV], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+# --- TF32 without a copy of B ------------------------------------------------------------------------------
+
+
+def _k_major_keys(m, n, k) -> set:
+    """The a_via_registers flag of every k_major launch kept for this (launch) M, N, K."""
+    return {key[-1] for key in splitk._tuned if key[0] == "k_major" and key[1:4] == (m, n, k)}
+
+
+def test_matmul_tf32_row_major_b_is_not_copied():
+    """A row-major B goes through C^T = B^T A^T (B^T from registers): its launch is (N, M, K), flagged."""
+    a, b = _operands(37, 53, 301)
+    _assert_matmul(matmul(a, b, kernel="k_major", allow_tf32=True), a, b, TF32_TOL)
+    assert True in _k_major_keys(53, 37, 301)
+    assert splitk.tuned_config(a, b, "k_major") is not None
+
+
+def test_matmul_tf32_k_major_view_and_strided_a():
+    """B already K-major is read as it is (no swap); an A with non-contiguous rows takes the copy path."""
+    a, bt = torch.randn(29, 131, device=DEVICE), torch.randn(45, 131, device=DEVICE)
+    _assert_matmul(matmul(a, bt.t(), kernel="k_major", allow_tf32=True), a, bt.t(), TF32_TOL)
+    assert False in _k_major_keys(29, 45, 131)
+    a_cols = torch.randn(131, 31, device=DEVICE).t()  # (31, 131), column-major
+    b = torch.randn(131, 47, device=DEVICE)
+    _assert_matmul(matmul(a_cols, b, kernel="k_major", allow_tf32=True), a_cols, b, TF32_TOL)
+    assert False in _k_major_keys(31, 47, 131)
+
+
+def test_matmul_tf32_swapped_backward():
+    a = torch.randn(19, 67, device=DEVICE, requires_grad=True)
+    b = torch.randn(67, 23, device=DEVICE, requires_grad=True)
+    g = torch.randn(19, 23, device=DEVICE)
+    matmul(a, b, kernel="k_major", allow_tf32=True).backward(g)
+    atol, rtol = TF32_TOL
+    torch.testing.assert_close(a.grad.double(), g.double() @ b.double().t(), atol=atol * 23**0.5, rtol=rtol)
+    torch.testing.assert_close(b.grad.double(), a.double().t() @ g.double(), atol=atol * 19**0.5, rtol=rtol)

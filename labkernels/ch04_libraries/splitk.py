@@ -24,12 +24,15 @@ considers split-K when the tiles are fewer than the SMs and K is deep, stream-K 
 is badly filled (`auto_candidates`, a rule on tile counts, SM count and K). When the rule leaves more than
 one candidate, the first call of a shape times each once and keeps the fastest (as chapter 03's "auto").
 
-TF32: a wgmma (Hopper tensor-core) instruction takes 32-bit operands only "K-major", K contiguous in memory.
-A row-major B (K, N) is N-major, so Triton cannot feed it to wgmma as is, which is why chapter 03's TF32
-matmul runs at a fraction of cuBLAS. With `allow_tf32=True`, fp32 inputs go through the "k_major" kernel:
-B is read as B^T (N, K) with contiguous rows. A B that is already such a view (b = w.t() of a row-major
-weight, as in a linear layer) costs nothing; any other B is copied once per call (read + write 4KN bytes,
-~30 us for 4096 x 4096, counted in the timings).
+TF32: a wgmma (Hopper tensor-core) instruction takes 32-bit operands from shared memory only "K-major",
+K contiguous in memory. A row-major B (K, N) is N-major, so Triton turns each tile around element by element
+(4-byte copies), which is why chapter 03's TF32 matmul runs at a fraction of cuBLAS. With `allow_tf32=True`,
+fp32 inputs go through the "k_major" kernel. A B that is already K-major (b = w.t() of a row-major weight, as
+in a linear layer) is read as it is. Any other B is not copied: the kernel computes C^T = B^T A^T, whose
+right operand A^T is K-major (A is row-major) and whose left operand B^T goes to wgmma from *registers*,
+where any layout is allowed. Triton takes that path when an elementwise op stands between the load and the
+dot (`A_VIA_REGISTERS`: a + 0.0); the tile is then stored transposed into C. (Copying B to K-major instead
+costs a read and a write of 4KN bytes per call: ~35 us at 4096 x 4096 with a good transpose.)
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ STREAM_K_CONFIGS = [
 # TF32 (fp32 operands): a stage holds twice the bytes of a 16-bit one, so BLOCK_SIZE_K 32 (128-byte rows,
 # one swizzle line) and fewer stages: 128 x 256 x 32 x 4 bytes x 3 stages = 144 KiB of shared memory.
 K_MAJOR_CONFIGS = [
+    _config(128, 256, 32, stages=4, warps=8),  # 192 KiB: the fastest swapped (C^T) config at 4096^3
     _config(128, 256, 32, stages=3, warps=8),
     _config(256, 128, 32, stages=3, warps=8),
     _config(128, 128, 32, stages=4, warps=8),
@@ -149,10 +153,12 @@ def _dot_range(
     stride_am, stride_ak, stride_bk, stride_bn,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    EVEN_K: tl.constexpr, BIG: tl.constexpr,
+    EVEN_K: tl.constexpr, BIG: tl.constexpr, A_VIA_REGISTERS: tl.constexpr,
 ):  # fmt: skip
     """The fp32 sum over K-steps [k_lo, k_hi) of one tile's products. Rows and columns past the edge wrap
-    (% M, % N: valid memory, never stored). BIG: some offset can pass 2^31, so offsets are 64-bit."""
+    (% M, % N: valid memory, never stored). BIG: some offset can pass 2^31, so offsets are 64-bit.
+    A_VIA_REGISTERS: the A tile passes through an elementwise op, so wgmma takes it from registers, in any
+    layout (a 32-bit A that is not K-major would otherwise be turned around in shared memory)."""
     offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
     offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
     offs_k = k_lo * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
@@ -175,6 +181,8 @@ def _dot_range(
             k_remaining = K - k * BLOCK_SIZE_K
             a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_SIZE_K)[None, :] < k_remaining, other=0.0)
             b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_SIZE_K)[:, None] < k_remaining, other=0.0)
+        if A_VIA_REGISTERS:
+            a = a + 0.0  # not folded away (it turns -0.0 into +0.0): the tile goes through registers
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         if not BIG:
             a_ptrs += BLOCK_SIZE_K * stride_ak
@@ -191,6 +199,7 @@ def _split_k_kernel(
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr, BIG: tl.constexpr,
     MODE: tl.constexpr,  # "direct": one split, store C; "partials": store ws[split]; "atomic": add into ws
+    A_VIA_REGISTERS: tl.constexpr = False,
 ):  # fmt: skip
     """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT)."""
     pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
@@ -200,7 +209,7 @@ def _split_k_kernel(
     k_hi = tl.minimum(k_lo + steps_per_split, tl.cdiv(K, BLOCK_SIZE_K))
     acc = _dot_range(
         a_ptr, b_ptr, pid_m, pid_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-        INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG,
+        INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, A_VIA_REGISTERS,
     )  # fmt: skip
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -255,7 +264,7 @@ def _stream_k_kernel(
         acc = _dot_range(
             a_ptr, b_ptr, pid_m, pid_n, lo - tile_begin, hi - tile_begin, M, N, K,
             stride_am, stride_ak, stride_bk, stride_bn,
-            INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG,
+            INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, False,
         )  # fmt: skip
         if hi < tile_begin + steps_per_tile:  # a later program finishes this tile: publish the partial
             tl.store(ws_ptr + pid * (BLOCK_SIZE_M * BLOCK_SIZE_N) + slot, acc)  # write BM x BN fp32
@@ -317,12 +326,9 @@ def _autotuned(fn, configs, key):
     )(triton.heuristics({"EVEN_K": _even_k})(fn))
 
 
-_split_k_tuned = _autotuned(
-    _split_k_kernel, SPLIT_K_CONFIGS, ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG"]
-)
-_k_major_tuned = _autotuned(
-    _split_k_kernel, K_MAJOR_CONFIGS, ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG"]
-)
+_SPLIT_K_KEY = ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG", "A_VIA_REGISTERS"]
+_split_k_tuned = _autotuned(_split_k_kernel, SPLIT_K_CONFIGS, _SPLIT_K_KEY)
+_k_major_tuned = _autotuned(_split_k_kernel, K_MAJOR_CONFIGS, _SPLIT_K_KEY)
 _stream_k_tuned = _autotuned(_stream_k_kernel, STREAM_K_CONFIGS, ["M", "N", "K", "INPUT_PRECISION", "BIG"])
 
 
@@ -381,16 +387,16 @@ def _tiles(M: int, N: int, meta: dict) -> int:
     return triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
 
 
-def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> None:
+def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned, a_via_registers=False) -> None:
     """split == 1: one kernel storing C. Else the partials kernel and the fixed-order sum (deterministic),
     or atomics into a zeroed fp32 workspace and a cast (not)."""
     (M, K), N = a.shape, b.shape[1]
     chunk = split_chunk(K, split)
     split = triton.cdiv(K, chunk)  # rounding the chunk up may leave fewer splits
     strides = (*a.stride(), *b.stride(), *c.stride())
-    options = {"INPUT_PRECISION": precision, "BIG": big}
+    options = {"INPUT_PRECISION": precision, "BIG": big, "A_VIA_REGISTERS": a_via_registers}
     kind = "k_major" if autotuned is _k_major_tuned else "split_k"
-    key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big)
+    key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big, a_via_registers)
     grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
     if split == 1:
         _launch(
@@ -460,12 +466,15 @@ def _check(a, b, kernel, split_k, deterministic, allow_tf32) -> None:
             raise TypeError(f"matmul: {name} must be True or False, got {flag!r}")
 
 
+def _is_k_major(b: torch.Tensor) -> bool:
+    """b (K, N) has its K index contiguous (columns of b are rows in memory)."""
+    return b.stride(0) == 1 and (b.shape[1] == 1 or b.stride(1) >= b.shape[0])
+
+
 def _k_major(b: torch.Tensor) -> torch.Tensor:
     """b (K, N) as a view whose K index is contiguous: b itself if it already is, else a copy
-    (read KN, write KN): wgmma takes 32-bit operands only with K contiguous."""
-    if b.stride(0) == 1 and (b.shape[1] == 1 or b.stride(1) >= b.shape[0]):
-        return b
-    return b.t().contiguous().t()
+    (read KN, write KN): wgmma takes 32-bit operands from shared memory only with K contiguous."""
+    return b if _is_k_major(b) else b.t().contiguous().t()
 
 
 _auto_choices: dict[tuple, str] = {}
@@ -507,6 +516,16 @@ def _ch03_kernel(a, b, allow_tf32) -> str:
     return ch03.tuned_config(a, b, input_precision=precision)[0]
 
 
+def _swapped_k_major(a, b) -> torch.Tensor:
+    """TF32 C = A B with B not K-major, without copying B: C^T = B^T A^T, where A^T (K, M) is K-major (A is
+    row-major) and B^T is fed from registers. Read MK + KN at best, write MN (through C^T's strides)."""
+    M, N = a.shape[0], b.shape[1]
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    big = max(_span(a), _span(b), M * N) >= INT32_LIMIT
+    _run_split_k(b.t(), a.t(), c.t(), "tf32", 1, False, big, _k_major_tuned, a_via_registers=True)
+    return c
+
+
 def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
     (M, K), N = a.shape, b.shape[1]
     if M == 0 or N == 0 or K == 0:  # an empty sum is 0; nothing to launch
@@ -515,6 +534,8 @@ def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
     precision = "tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee"
     if kernel == "ch03" or kernel in CH03_KERNELS:
         return ch03.matmul(a, b, input_precision=precision, kernel="auto" if kernel == "ch03" else kernel)
+    if kernel == "k_major" and precision == "tf32" and a.stride(1) == 1 and not _is_k_major(b):
+        return _swapped_k_major(a, b)
     if precision == "tf32" or kernel == "k_major":
         b = _k_major(b)
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -591,9 +612,10 @@ def tuned_config(
     if kernel in CH03_KERNELS:
         return ch03.tuned_config(a, b, kernel=kernel)[1]
     for key, tuned in _tuned.items():
+        swapped = key[0] == "k_major" and key[-1]  # launched as C^T = B^T A^T: its M, N are C's N, M
         if (
             key[0] == kernel
-            and key[1:4] == (M, N, K)
+            and key[1:4] == ((N, M, K) if swapped else (M, N, K))
             and (split_k is None or kernel != "split_k" or key[4] == split_k)
         ):
             return tuned.config

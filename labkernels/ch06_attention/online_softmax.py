@@ -144,7 +144,8 @@ def _split_row_kernel(
     ticket has started: a row's chunks are all running or done as long as CHUNKS programs fit on the GPU at
     once. Under the interpreter programs run one after another: there this path never completes (not used)."""
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
-    ticket = tl.atomic_add(sync_ptr, 1)
+    # The ticket is only a number: relaxed, no ordering (acq_rel, the default, measured 0.03-0.04 slower).
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     row = ticket // CHUNKS
     chunk = ticket % CHUNKS
     row64 = row.to(tl.int64)

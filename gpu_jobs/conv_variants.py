@@ -1,0 +1,618 @@
+"""Chapter 04's implicit-GEMM convolution against cuDNN (channels_last, fp16, cudnn.benchmark on).
+
+1. every shape of the ch04_conv benchmark: cuDNN, `conv2d_nhwc` with thin launches (`labkernels.launch_cache`)
+   and with them off (Triton's own per-call Python), each in plain calls (do_bench, as a user calls it) and
+   CUDA-graph replays (the GPU time alone), plus the host time of one call into an idle queue;
+2. for the two shapes furthest behind in graph replays (C=512 at 7^2: 52 tiles of 128 x 128 for 132 SMs; C=128
+   at 28^2: 196 tiles, 1.48 waves): a sweep of `_conv_kernel` configs launched directly (tiles 64/128 x
+   64/128, BLOCK_SIZE_K 64/128, 3-6 stages, 4/8 warps; those that fit shared memory);
+3. split-K for C=512 at 7^2 (K_gemm = 9 x 512 = 4608 is deep, the tiles few): program (tile, split) sums
+   the K-steps [split x steps / SPLIT, (split + 1) x steps / SPLIT) of its tile, then
+   - "last": stores its fp32 partial, counts itself in with an atomic; the tile's last program adds the
+     SPLIT partials in split order (bitwise the same whoever is last), stores y, resets the count: one launch;
+   - "partials": stores its partial; a second kernel adds them in split order and casts (chapter 04's
+     deterministic split-K);
+   - "atomic": fp32 atomics into a workspace; a second kernel casts it and zeroes it for the next call.
+Every result is checked against the fp64 reference (`conv.reference`): rel_err = max |y - ref| / max |ref|,
+ok = within atol 2e-2 x sqrt(fan-in), rtol 5e-3 (the tests' fp16 tolerance). Table on stdout, CSV in
+$OUT/conv_variants/results.csv. The sweep's kernels are compiled first, in parallel worker processes (a cold
+Triton cache would otherwise spend most of the budget compiling one kernel after another).
+
+    python gpu_jobs/conv_variants.py            # GPU
+    python gpu_jobs/conv_variants.py --smoke    # CPU lane (interpreter): tiny fp32 shapes, checks only
+"""
+
+from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
+
+import argparse
+import concurrent.futures
+import csv
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+import labkernels  # noqa: F401
+import triton
+import triton.language as tl
+
+from labkernels import launch_cache
+from labkernels.ch03_triton.matmul import _tile_coordinates
+from labkernels.ch04_libraries import conv
+from labkernels.ch04_libraries.bench_kernels import CONV_SHAPES, MODES
+from labkernels.ch04_libraries.splitk import _sum_splits_kernel
+from labkernels.lane import DEVICE, on_gpu
+
+SWEEP_SHAPES = [(32, 512, 7, 512, 3, 1, 1), (32, 128, 28, 128, 3, 1, 1)]  # furthest behind cuDNN in graphs
+SPLIT_SHAPE = (32, 512, 7, 512, 3, 1, 1)
+TOL = {torch.float16: (2e-2, 5e-3), torch.float32: (1e-4, 1e-5)}  # atol (x sqrt(fan-in)), rtol
+_empty = torch.empty  # the outputs' allocator: --smoke fills them with NaN, so a skipped tile shows
+FIELDS = [
+    "batch", "c", "size", "k_out", "r", "stride", "padding", "impl", "config",
+    "ms_plain", "ms_graph", "host_us", "x_cudnn_plain", "x_cudnn_graph", "rel_err", "ok", "error",
+]  # fmt: skip
+
+
+# --- split-K ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _conv_steps(
+    x_ptr, w_ptr, offs_m, offs_n, lo, hi, H, W, C, P, Q, K_OUT, M,
+    R: tl.constexpr, S: tl.constexpr, STRIDE: tl.constexpr, PADDING: tl.constexpr, EVEN_C: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):  # fmt: skip
+    """fp32 sum over the flat (tap, channel chunk) steps [lo, hi) of one tile: `_conv_kernel`'s loop."""
+    row_valid = offs_m < M
+    n_img = offs_m // (P * Q)
+    h_top = (offs_m % (P * Q)) // Q * STRIDE - PADDING
+    w_left = offs_m % Q * STRIDE - PADDING
+    pixel = (n_img * H + h_top) * W + w_left
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    w_rows = w_ptr + (offs_n % K_OUT)[None, :] * (R * S * C)
+    c_chunks = tl.cdiv(C, BLOCK_SIZE_K)
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for step in range(lo, hi):
+        tap = step // c_chunks
+        c0 = (step % c_chunks) * BLOCK_SIZE_K
+        r = tap // S
+        s = tap % S
+        h = h_top + r
+        w = w_left + s
+        inside = row_valid & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+        a_ptrs = x_ptr + (pixel + r * W + s)[:, None] * C + (c0 + offs_k)[None, :]  # (BM, BK)
+        b_ptrs = w_rows + (tap * C + c0 + offs_k)[:, None]  # (BK, BN)
+        if EVEN_C:
+            a = tl.load(a_ptrs, mask=inside[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            c_valid = c0 + offs_k < C
+            a = tl.load(a_ptrs, mask=inside[:, None] & c_valid[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=c_valid[:, None], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _conv_split_kernel(
+    x_ptr, w_ptr, y_ptr, ws_ptr, count_ptr,
+    BATCH, H, W, C, P, Q, K_OUT,
+    R: tl.constexpr, S: tl.constexpr, STRIDE: tl.constexpr, PADDING: tl.constexpr, EVEN_C: tl.constexpr,
+    SPLIT: tl.constexpr, MODE: tl.constexpr,  # "last", "partials" or "atomic"
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):  # fmt: skip
+    M = BATCH * P * Q
+    tile = tl.program_id(axis=0)
+    split = tl.program_id(axis=1)
+    pid_m, pid_n = _tile_coordinates(tile, M, K_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    steps = R * S * tl.cdiv(C, BLOCK_SIZE_K)
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    acc = _conv_steps(
+        x_ptr, w_ptr, offs_m, offs_n, split * steps // SPLIT, (split + 1) * steps // SPLIT,
+        H, W, C, P, Q, K_OUT, M, R, S, STRIDE, PADDING, EVEN_C, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+    )  # fmt: skip
+    mask = (offs_m < M)[:, None] & (offs_n < K_OUT)[None, :]
+    out = offs_m[:, None] * K_OUT + offs_n[None, :]
+    if MODE == "atomic":
+        tl.atomic_add(ws_ptr + out, acc, mask=mask, sem="relaxed")  # read + write MN fp32 in L2
+    else:
+        tl.store(ws_ptr + split * (M * K_OUT) + out, acc, mask=mask)  # write the partial, MN fp32 per split
+        if MODE == "last":
+            tl.debug_barrier()  # every thread's part of the partial is written before the count says so
+            arrived = tl.atomic_add(
+                count_ptr + tile, 1
+            )  # acq_rel: the earlier programs' partials are visible
+            if arrived == SPLIT - 1:
+                total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                for s in range(SPLIT):  # in split order: bitwise the same whichever program is last
+                    total += tl.load(
+                        ws_ptr + s * (M * K_OUT) + out, mask=mask, other=0.0, cache_modifier=".cg"
+                    )
+                tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=mask)  # write MN
+                tl.atomic_xchg(count_ptr + tile, 0)  # counted out: ready for the next launch (graph replays)
+
+
+@triton.jit
+def _cast_and_zero_kernel(ws_ptr, y_ptr, MN, BLOCK: tl.constexpr):
+    """y = ws cast to y's dtype; ws = 0 again, so the next call's atomics need no memset launch."""
+    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    tl.store(y_ptr + offs, tl.load(ws_ptr + offs, mask=mask).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(ws_ptr + offs, tl.zeros((BLOCK,), dtype=tl.float32), mask=mask)
+
+
+class SplitConv:
+    """y = conv(x, w) (stride 1, no bias) by `_conv_split_kernel`; workspaces kept across calls."""
+
+    def __init__(self, x, w, shape, bm, bn, bk, stages, warps, split, mode):
+        self.x, self.w, self.ints = x, w, _ints(shape)
+        batch, H, W, C, P, Q, k_out = self.ints
+        self.y_shape, M = (batch, P, Q, k_out), batch * P * Q
+        self.meta = self.launch_meta(shape, bm, bn, bk, stages, warps, split, mode)
+        tiles = triton.cdiv(M, bm) * triton.cdiv(k_out, bn)
+        self.grid = (tiles, split)
+        self.mode, self.split = mode, split
+        slots = 1 if mode == "atomic" else split
+        self.ws = torch.zeros((slots, M, k_out), device=x.device, dtype=torch.float32)
+        self.count = torch.zeros(tiles, device=x.device, dtype=torch.int32)
+
+    @staticmethod
+    def launch_meta(shape, bm, bn, bk, stages, warps, split, mode) -> dict:
+        batch, c, size, k_out, r, stride, padding = shape
+        assert stride == 1, "the split-K variant is written for stride 1"
+        return dict(
+            R=r, S=r, STRIDE=1, PADDING=padding, EVEN_C=c % bk == 0, SPLIT=split, MODE=mode,
+            BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8,
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+
+    def __call__(self):
+        y = _empty(self.y_shape, device=self.x.device, dtype=self.x.dtype)
+        args = (self.x, self.w, y, self.ws, self.count, *self.ints)
+        _conv_split_kernel[self.grid](*args, **self.meta)  # read x, w; write (+ read) split x MN fp32
+        block = 1024 if on_gpu() else 4096
+        if self.mode == "partials":
+            _sum_splits_kernel[(triton.cdiv(y.numel(), block),)](
+                self.ws, y, y.numel(), self.split, BLOCK=block
+            )
+        elif self.mode == "atomic":
+            _cast_and_zero_kernel[(triton.cdiv(y.numel(), block),)](self.ws, y, y.numel(), BLOCK=block)
+        return y
+
+
+# --- the direct launch of `_conv_kernel` with explicit constexprs -----------------------------------------
+
+
+def sweep_configs(element_size: int, tiles=((64, 64), (64, 128), (128, 64), (128, 128))) -> list[tuple]:
+    """(bm, bn, bk, stages, warps) whose pipelined tiles fit shared memory."""
+    out = []
+    for bm, bn in tiles:
+        for bk in (64, 128):
+            for stages in (3, 4, 5, 6):
+                if stages * (bm * bk + bk * bn) * element_size > conv.SHARED_MEMORY_BYTES:
+                    continue
+                out += [(bm, bn, bk, stages, warps) for warps in (4, 8)]
+    return out
+
+
+def _direct_meta(shape, bm, bn, bk, stages, warps) -> dict:
+    batch, c, size, k_out, r, stride, padding = shape
+    return dict(
+        R=r, S=r, STRIDE=stride, PADDING=padding, HAS_BIAS=False, EVEN_C=c % bk == 0, BIG=False,
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+def _ints(shape) -> tuple:
+    batch, c, size, k_out, r, stride, padding = shape
+    p = conv.output_size(size, r, stride, padding)
+    return (batch, size, size, c, p, p, k_out)
+
+
+def direct_call(x, w, shape, meta):
+    batch, c, size, k_out, r, stride, padding = shape
+    ints = _ints(shape)
+    grid = (
+        triton.cdiv(batch * ints[4] * ints[5], meta["BLOCK_SIZE_M"])
+        * triton.cdiv(k_out, meta["BLOCK_SIZE_N"]),
+    )
+
+    def call():
+        y = _empty((batch, ints[4], ints[5], k_out), device=x.device, dtype=x.dtype)
+        conv._conv_kernel[grid](x, w, y, y, *ints, **meta)
+        return y
+
+    return call
+
+
+def _autotune_metas(shape) -> list[dict]:
+    """The launch options of every config the autotuner will time for this shape (after its pruning)."""
+    batch, c, size, k_out, r, stride, padding = shape
+    ints = _ints(shape)
+    named = dict(zip(("BATCH", "H", "W", "C", "P", "Q", "K_OUT"), ints, strict=True))
+    named["x_ptr"] = torch.empty(1, device=DEVICE, dtype=torch.float16)
+    options = dict(R=r, S=r, STRIDE=stride, PADDING=padding, HAS_BIAS=False, BIG=False)
+    metas = []
+    for cfg in conv._prune(conv.GPU_CONFIGS, named):
+        meta = cfg.all_kwargs() | options
+        meta["EVEN_C"] = c % meta["BLOCK_SIZE_K"] == 0
+        metas.append(meta)
+    return metas
+
+
+# --- compiling ahead, in worker processes (they only fill Triton's on-disk cache) ---------------------------
+
+
+def _warm(job) -> str | None:
+    kind, ints, meta = job
+    f16 = torch.float16
+    try:
+        if kind == "conv":
+            conv._conv_kernel.warmup(f16, f16, f16, f16, *ints, grid=(1,), **meta)
+        else:
+            _conv_split_kernel.warmup(f16, f16, f16, torch.float32, torch.int32, *ints, grid=(1, 1), **meta)
+        return None
+    except Exception as exc:
+        return f"{kind} {meta}: {type(exc).__name__}: {exc}"[:300]
+
+
+def _error_of(future) -> str | None:
+    try:
+        return future.result()
+    except Exception as exc:  # a worker died: its kernels compile here, when launched
+        return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _compile_jobs() -> list[tuple]:
+    jobs = [("conv", _ints(shape), meta) for shape in CONV_SHAPES for meta in _autotune_metas(shape)]
+    for shape in SWEEP_SHAPES:
+        jobs += [("conv", _ints(shape), _direct_meta(shape, *cfg)) for cfg in sweep_configs(2)]
+    for v in split_variants():
+        jobs.append(("split", _ints(SPLIT_SHAPE), SplitConv.launch_meta(SPLIT_SHAPE, *v)))
+    unique = {}
+    for job in jobs:
+        unique.setdefault((job[0], job[1], tuple(sorted(job[2].items(), key=str))), job)
+    return list(unique.values())
+
+
+def split_variants(gpu: bool = True) -> list[tuple]:
+    """(bm, bn, bk, stages, warps, split, mode): the one-launch "last" over several tiles, the two-launch
+    modes on 128 x 128 tiles."""
+    if not gpu:
+        return [(16, 16, 16, 1, 4, s, m) for s in (2, 3) for m in ("last", "partials", "atomic")] + [
+            (32, 16, 16, 1, 4, 4, "last")
+        ]
+    out = [(*t, s, "last") for t in ((128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (64, 128, 64, 4, 4),
+                                     (128, 64, 64, 4, 4)) for s in (2, 3, 4)]  # fmt: skip
+    out += [(128, 128, 64, 3, 8, s, m) for m in ("partials", "atomic") for s in (2, 3, 4)]
+    return out
+
+
+# --- checks and timings -------------------------------------------------------------------------------------
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def close(y: torch.Tensor, ref: torch.Tensor, fan_in: int) -> bool:
+    atol, rtol = TOL[y.dtype]
+    return bool(torch.allclose(y.double(), ref, atol=atol * fan_in**0.5, rtol=rtol)) and not y.isnan().any()
+
+
+def host_us(fn, calls: int = 200) -> float:
+    """Host time of one call into an idle queue (synchronized before each): the Python and launch cost."""
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+class Thin:
+    """Thin launches on or off inside the block (every cached launcher dropped on each switch)."""
+
+    def __init__(self, flag: bool):
+        self.flag = flag
+
+    def __enter__(self):
+        launch_cache.set_enabled(self.flag)
+
+    def __exit__(self, *exc):
+        launch_cache.set_enabled(launch_cache.enabled_from_env())
+
+
+def measure(row: dict, fn, ref, fan_in, timed: bool, plain: bool = True) -> torch.Tensor | None:
+    """Check fn() against ref; then (timed) the plain and graph medians, and the host time."""
+    y = fn()
+    if on_gpu():
+        torch.cuda.synchronize()
+    row["rel_err"] = rel_err(y, ref)
+    row["ok"] = close(y, ref, fan_in)
+    if not timed:
+        return y
+    if not row["ok"]:
+        raise RuntimeError(f"wrong result (rel_err {row['rel_err']:.2e}): not timed")
+    # as the ch04_conv benchmark: two rounds for the comparisons with cuDNN, one for the sweep and split-K
+    modes, rounds = (("plain", "graph"), 2) if plain else (("graph",), 1)
+    times = {mode: statistics.median(MODES[mode](fn) for _ in range(rounds)) for mode in modes}
+    row["ms_graph"] = times["graph"]
+    if plain:
+        row["ms_plain"] = times["plain"]
+        row["host_us"] = host_us(fn)
+    return y
+
+
+def _print_header() -> None:
+    print(
+        f"{'shape':24} {'impl':20} {'config':26} {'plain ms':>9} {'graph ms':>9} {'host us':>8} "
+        f"{'x plain':>7} {'x graph':>7} {'rel_err':>8}  ok",
+        flush=True,
+    )
+
+
+def _print_row(row: dict) -> None:
+    def num(key, spec):
+        value = row.get(key)
+        return format(value, spec) if isinstance(value, float) else format("-", spec.split(".")[0] + "s")
+
+    shape = f"C={row['c']} {row['size']}^2 K={row['k_out']} {row['r']}x{row['r']} s{row['stride']}"
+    line = (
+        f"{shape:24} {row['impl']:20} {row.get('config', ''):26.26} {num('ms_plain', '9.4f')} "
+        f"{num('ms_graph', '9.4f')} {num('host_us', '8.1f')} {num('x_cudnn_plain', '7.3f')} "
+        f"{num('x_cudnn_graph', '7.3f')} {num('rel_err', '8.1e')}  {row.get('ok', '-')}"
+    )
+    if row.get("error"):
+        line += f" ERROR {row['error']}"
+    print(line, flush=True)
+
+
+class Table:
+    def __init__(self, path: str):
+        self.file = open(path, "w", newline="")  # noqa: SIM115  (kept open for the run, flushed per row)
+        self.writer = csv.DictWriter(self.file, fieldnames=FIELDS, extrasaction="ignore")
+        self.writer.writeheader()
+        self.rows: list[dict] = []
+        self.cudnn: dict[tuple, dict] = {}
+
+    def add(self, row: dict) -> None:
+        base = self.cudnn.get(tuple(row[k] for k in FIELDS[:7]), {})
+        for mode in ("plain", "graph"):
+            if isinstance(row.get(f"ms_{mode}"), float) and isinstance(base.get(f"ms_{mode}"), float):
+                row[f"x_cudnn_{mode}"] = base[f"ms_{mode}"] / row[f"ms_{mode}"]
+        if row["impl"] == "cudnn_channels_last":
+            self.cudnn[tuple(row[k] for k in FIELDS[:7])] = row
+        self.rows.append(row)
+        self.writer.writerow(row)
+        self.file.flush()
+        _print_row(row)
+
+
+def run_variant(table: Table, shape, impl: str, config: str, body) -> None:
+    """One row: body(row) fills it; an exception is recorded, and the run goes on."""
+    row = dict(zip(FIELDS[:7], shape, strict=True)) | {"impl": impl, "config": config, "error": ""}
+    try:
+        body(row)
+    except Exception as exc:
+        row["ok"] = False
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        traceback.print_exc(limit=2)
+    table.add(row)
+
+
+def operands(shape, dtype):
+    batch, c, size, k_out, r, stride, padding = shape
+    x_nchw = torch.randn(batch, c, size, size, device=DEVICE).to(dtype)
+    w_torch = torch.randn(k_out, c, r, r, device=DEVICE).to(dtype)
+    x, w = x_nchw.permute(0, 2, 3, 1).contiguous(), conv.weight_from_torch(w_torch)
+    ref = conv.reference(x, w, stride=stride, padding=padding)
+    return x, w, x_nchw, w_torch, ref
+
+
+def _fmt(meta: dict | None) -> str:
+    if not meta:
+        return "?"
+    return (
+        f"{meta['BLOCK_SIZE_M']}x{meta['BLOCK_SIZE_N']}x{meta['BLOCK_SIZE_K']} "
+        f"s{meta['num_stages']} w{meta['num_warps']}"
+    )
+
+
+# --- the runs ---------------------------------------------------------------------------------------------
+
+
+def main_shapes(table: Table, prepared: dict, timed: bool) -> dict:
+    """cuDNN channels_last and conv2d_nhwc with thin launches on and off, per shape of `prepared` (shape ->
+    `operands`); returns (x, w, ref) per shape."""
+    kept = {}
+    for shape, (x, w, x_nchw, w_torch, ref) in prepared.items():
+        batch, c, size, k_out, r, stride, padding = shape
+        kept[shape] = (x, w, ref)
+        fan_in = c * r * r
+        x_cl = x_nchw.contiguous(memory_format=torch.channels_last)
+        w_cl = w_torch.contiguous(memory_format=torch.channels_last)
+
+        def cudnn(row, x_cl=x_cl, w_cl=w_cl, stride=stride, padding=padding, ref=ref, fan_in=fan_in):
+            def fn():
+                return torch.nn.functional.conv2d(x_cl, w_cl, stride=stride, padding=padding).permute(
+                    0, 2, 3, 1
+                )
+
+            old = torch.backends.cudnn.benchmark
+            torch.backends.cudnn.benchmark = True
+            try:
+                measure(row, fn, ref, fan_in, timed)
+            finally:
+                torch.backends.cudnn.benchmark = old
+
+        run_variant(table, shape, "cudnn_channels_last", "cudnn.benchmark", cudnn)
+        for impl, flag in (("labkernels", True), ("labkernels_no_thin", False)):
+
+            def ours(row, flag=flag, x=x, w=w, stride=stride, padding=padding, ref=ref, fan_in=fan_in):
+                with Thin(flag):
+                    fn = lambda: conv.conv2d_nhwc(x, w, stride=stride, padding=padding)  # noqa: E731
+                    fn()  # tunes, the first time
+                    fn()  # keeps the launcher
+                    known = conv._launches.get(conv._launch_key(x, w, None, stride, padding))
+                    row["config"] = f"{_fmt(conv.tuned_config(x, w, stride=stride, padding=padding))} " + (
+                        known.launcher.kind if known is not None else "uncached"
+                    )
+                    measure(row, fn, ref, fan_in, timed)
+
+            run_variant(table, shape, impl, "", ours)
+    return kept
+
+
+def sweep(table: Table, kept: dict, timed: bool, deadline: float) -> None:
+    configs = sweep_configs(2) if on_gpu() else [(16, 16, 16, 1, 4), (32, 16, 16, 1, 4), (16, 32, 32, 1, 4)]
+    for shape in SWEEP_SHAPES:
+        x, w, ref = kept[shape]
+        fan_in = shape[1] * shape[4] ** 2
+        skipped = 0
+        for cfg in configs:
+            if time.perf_counter() > deadline:
+                skipped += 1
+                continue
+            meta = _direct_meta(shape, *cfg)
+            call = direct_call(x, w, shape, meta)
+
+            def body(row, call=call, ref=ref, fan_in=fan_in):
+                measure(row, call, ref, fan_in, timed, plain=False)
+
+            run_variant(table, shape, "sweep", _fmt(meta), body)
+        if skipped:
+            print(f"budget spent: {skipped} sweep configs of C={shape[1]} {shape[2]}^2 not run", flush=True)
+
+
+def splits(table: Table, kept: dict, timed: bool, deadline: float) -> None:
+    shape = SPLIT_SHAPE
+    x, w, ref = kept[shape]
+    fan_in = shape[1] * shape[4] ** 2
+    for v in split_variants(on_gpu()):
+        if time.perf_counter() > deadline:
+            print("budget spent: the remaining split-K variants not run", flush=True)
+            break
+        bm, bn, bk, stages, warps, split, mode = v
+
+        def body(row, v=v):
+            run = SplitConv(x, w, shape, *v)
+            y1 = measure(row, run, ref, fan_in, timed, plain=False)
+            if v[-1] != "atomic":  # the others claim bitwise reproducibility
+                row["ok"] = row["ok"] and torch.equal(y1, run())
+
+        run_variant(table, shape, f"splitk_{mode}", f"{bm}x{bn}x{bk} s{stages} w{warps} split{split}", body)
+
+
+def summary(table: Table) -> None:
+    print("\nsummary (graph replays; x = cuDNN time / ours):")
+    for shape in SWEEP_SHAPES:
+        mine = [r for r in table.rows if tuple(r[k] for k in FIELDS[:7]) == shape and r.get("ok")]
+        graph = [r for r in mine if isinstance(r.get("x_cudnn_graph"), float)]
+        tuned = [r for r in graph if r["impl"] == "labkernels"]
+        for impl in ("sweep", "splitk_last", "splitk_partials", "splitk_atomic"):
+            cands = [r for r in graph if r["impl"] == impl]
+            if cands:
+                best = max(cands, key=lambda r: r["x_cudnn_graph"])
+                now = f"; autotuned {tuned[0]['config']} {tuned[0]['x_cudnn_graph']:.3f}x" if tuned else ""
+                us = best["ms_graph"] * 1e3
+                print(
+                    f"  C={shape[1]} {shape[2]}^2: best {impl} {best['config']} {us:.1f} us "
+                    f"{best['x_cudnn_graph']:.3f}x{now}"
+                )
+    print("plain calls (x = cuDNN plain / ours), thin vs no thin, host us per call:")
+    for shape in CONV_SHAPES:
+        mine = {r["impl"]: r for r in table.rows if tuple(r[k] for k in FIELDS[:7]) == shape}
+        parts = []
+        for impl in ("cudnn_channels_last", "labkernels", "labkernels_no_thin"):
+            r = mine.get(impl, {})
+            if isinstance(r.get("ms_plain"), float):
+                ratio = f" {r['x_cudnn_plain']:.2f}x" if isinstance(r.get("x_cudnn_plain"), float) else ""
+                parts.append(f"{impl} {r['ms_plain'] * 1e3:.1f} us{ratio} (host {r['host_us']:.0f} us)")
+        print(f"  C={shape[1]} {shape[2]}^2 r{shape[4]} s{shape[5]}: " + "; ".join(parts))
+
+
+def gpu_main(out_dir: str, budget_s: float, workers: int) -> int:
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(DEVICE)
+    print(
+        f"{props.name}, {props.multi_processor_count} SMs, "
+        f"torch {torch.__version__}, triton {triton.__version__}"
+    )
+    jobs = _compile_jobs()
+    pool = None
+    futures = []
+    if workers > 0:  # compile ahead while this process builds operands and references
+        pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn")
+        )
+        futures = [pool.submit(_warm, job) for job in jobs]
+    prepared = {shape: operands(shape, torch.float16) for shape in CONV_SHAPES}  # fp64 references included
+    if futures:  # timings want the CPU to themselves
+        done, pending = concurrent.futures.wait(
+            futures, timeout=max(5.0, 0.5 * budget_s - (time.perf_counter() - start))
+        )
+        errors = [_error_of(f) for f in done if _error_of(f)]
+        print(
+            f"compiled {len(done)} of {len(jobs)} kernels ahead in {time.perf_counter() - start:.0f} s "
+            f"({workers} processes); {len(errors)} failed" + (f", first: {errors[0]}" if errors else ""),
+            flush=True,
+        )
+        pool.shutdown(wait=False, cancel_futures=True)
+    os.makedirs(out_dir, exist_ok=True)
+    table = Table(os.path.join(out_dir, "results.csv"))
+    _print_header()
+    kept = main_shapes(table, prepared, timed=True)
+    deadline = start + budget_s
+    sweep(table, kept, timed=True, deadline=deadline - 15)  # leave time for the split-K rows
+    splits(table, kept, timed=True, deadline=deadline)
+    summary(table)
+    print(f"wrote {table.file.name} in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def smoke(out_dir: str) -> int:
+    """The interpreter: every code path on tiny fp32 shapes (ragged tiles, C not a multiple of BLOCK_SIZE_K,
+    stride 2), checked against the fp64 reference; no timings."""
+    torch.manual_seed(0)
+    shapes = [(2, 40, 7, 24, 3, 1, 1), (1, 24, 9, 20, 3, 2, 1)]
+    global SWEEP_SHAPES, SPLIT_SHAPE, _empty
+    SWEEP_SHAPES, SPLIT_SHAPE = shapes, shapes[0]
+    _empty = lambda *args, **kwargs: torch.empty(*args, **kwargs).fill_(float("nan"))  # noqa: E731
+    os.makedirs(out_dir, exist_ok=True)
+    table = Table(os.path.join(out_dir, "smoke.csv"))
+    _print_header()
+    kept = main_shapes(table, {shape: operands(shape, torch.float32) for shape in shapes}, timed=False)
+    sweep(table, kept, timed=False, deadline=float("inf"))
+    splits(table, kept, timed=False, deadline=float("inf"))
+    bad = [r for r in table.rows if not r.get("ok")]
+    print(f"smoke: {len(table.rows)} rows, {len(bad)} not ok")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU lane: tiny fp32 shapes, checks only")
+    parser.add_argument("--budget-s", type=float, default=95.0, help="start no new variant after this")
+    parser.add_argument("--workers", type=int, default=min(14, max(1, (os.cpu_count() or 2) - 2)))
+    args = parser.parse_args()
+    out_dir = os.path.join(os.environ.get("OUT", "/tmp"), "conv_variants")
+    if args.smoke:
+        return smoke(out_dir)
+    if not on_gpu():
+        print("no GPU: use --smoke")
+        return 2
+    return gpu_main(out_dir, args.budget_s, args.workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
