@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -33,18 +33,58 @@ def _nanosleep(ns):
 
 
 @triton.jit
-def split_x(out_ptr, x_ptr, stats_ptr, sync_ptr, n_col_vecs, x_row_vecs, out_row_vecs,
-            BLOCK: tl.constexpr, CHUNKS: tl.constexpr, VEC: tl.constexpr, MAX_SPIN: tl.constexpr,
-            TICKET: tl.constexpr, POLL: tl.constexpr, SLEEP_NS: tl.constexpr, PACKED: tl.constexpr):
-    n_cols, sx, so = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
+def _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS: tl.constexpr, MAX_SPIN: tl.constexpr,
+              POLL: tl.constexpr = "rmw", SLEEP_NS: tl.constexpr = 0):
+    """Publish this chunk's (max m, sum of exp(x - m)), count it in, wait for the row's other chunks (at most
+    MAX_SPIN polls), merge. Returns (row max, 1 / row sum, NaN instead if the wait gave up)."""
+    row64 = row.to(tl.int64)
+    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
+    tl.store(stat, m)
+    tl.store(stat + 1, total)
+    tl.debug_barrier()
+    counter = sync_ptr + 1 + row
+    arrived = tl.atomic_add(counter, 1, sem="release") + 1
+    spins = arrived * 0
+    while (arrived < CHUNKS) & (spins < MAX_SPIN):
+        if POLL == "rmw" or POLL == "rmw_sleep":
+            arrived = tl.atomic_add(counter, 0, sem="acquire")
+        else:
+            arrived = tl.load(counter, volatile=True)
+        if POLL == "rmw_sleep" or POLL == "load_sleep":
+            arrived += _nanosleep(SLEEP_NS)
+        spins += 1
+    if POLL == "load" or POLL == "load_sleep":
+        arrived = tl.atomic_add(counter, 0, sem="acquire")  # one acquire: the stats are visible after it
+    tl.debug_barrier()
+    idx = tl.arange(0, CHUNKS)
+    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
+    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
+    row_max = tl.max(ms, axis=0)
+    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
+    inv = 1.0 / tl.sum(ls * tl.exp2((ms - row_max) * LOG2E), axis=0)
+    return row_max, tl.where(arrived >= CHUNKS, inv, float("nan"))
+
+
+@triton.jit
+def _take_ticket(sync_ptr, CHUNKS: tl.constexpr, TICKET: tl.constexpr = 2):
+    """(row, chunk) of this program: by a ticket (1: acq_rel, as shipped; 2: relaxed) or program id (0)."""
     if TICKET == 1:
-        ticket = tl.atomic_add(sync_ptr, 1)  # acq_rel, as shipped
+        ticket = tl.atomic_add(sync_ptr, 1)
     elif TICKET == 2:
         ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")  # a number only: no ordering needed
     else:
         ticket = tl.program_id(0)
-    row = ticket // CHUNKS
-    chunk = ticket % CHUNKS
+    return ticket // CHUNKS, ticket % CHUNKS
+
+
+@triton.jit
+def split_x(out_ptr, x_ptr, stats_ptr, sync_ptr, n_col_vecs, x_row_vecs, out_row_vecs,
+            BLOCK: tl.constexpr, CHUNKS: tl.constexpr, VEC: tl.constexpr, MAX_SPIN: tl.constexpr,
+            TICKET: tl.constexpr, POLL: tl.constexpr, SLEEP_NS: tl.constexpr, PACKED: tl.constexpr):
+    """The shipped split kernel with switches (module docstring). PACKED: convert the 16-bit chunk to fp32
+    again after the wait, so that only the 16-bit values need to stay live across it."""
+    n_cols, sx, so = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
+    row, chunk = _take_ticket(sync_ptr, CHUNKS, TICKET)
     row64 = row.to(tl.int64)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -52,45 +92,20 @@ def split_x(out_ptr, x_ptr, stats_ptr, sync_ptr, n_col_vecs, x_row_vecs, out_row
     x = raw.to(tl.float32)
     m = tl.max(x, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
-    total = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
-    if POLL == "none":
+    total = tl.sum(tl.exp2((x - m_safe) * LOG2E), axis=0)
+    if POLL == "none":  # no exchange: each chunk normalised on its own (a wrong result), the ticket's cost
         row_max = m_safe
-        row_sum = total
-        arrived = CHUNKS
+        inv = 1.0 / total
     else:
-        stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
-        tl.store(stat, m)
-        tl.store(stat + 1, total)
-        tl.debug_barrier()
-        counter = sync_ptr + 1 + row
-        arrived = tl.atomic_add(counter, 1, sem="release") + 1
-        spins = arrived * 0
-        while (arrived < CHUNKS) & (spins < MAX_SPIN):
-            if POLL == "rmw" or POLL == "rmw_sleep":
-                arrived = tl.atomic_add(counter, 0, sem="acquire")
-            else:
-                arrived = tl.load(counter, volatile=True)
-            if POLL == "rmw_sleep" or POLL == "load_sleep":
-                arrived += _nanosleep(SLEEP_NS)
-            spins += 1
-        if POLL == "load" or POLL == "load_sleep":
-            arrived = tl.atomic_add(counter, 0, sem="acquire")  # one acquire: the stats are visible after it
-        tl.debug_barrier()
-        idx = tl.arange(0, CHUNKS)
-        ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
-        ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
-        row_max = tl.max(ms, axis=0)
-        row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-        row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
-    if PACKED:  # convert again after the wait (impure asm: not merged with the first conversion), so that
-        # only the 16-bit values stay live across it: twice the bytes in flight for the same registers
-        x = tl.inline_asm_elementwise("cvt.f32.bf16 $0, $1;", "=r,h", [raw], dtype=tl.float32, is_pure=False, pack=1)
-    out = tl.exp2((x - row_max) * 1.4426950408889634) * (1.0 / row_sum)
-    out = tl.where(arrived >= CHUNKS, out, float("nan"))
+        row_max, inv = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN, POLL, SLEEP_NS)
+    if PACKED:  # impure asm: not merged with the first conversion
+        x = tl.inline_asm_elementwise("cvt.f32.bf16 $0, $1;", "=r,h", [raw], dtype=tl.float32, is_pure=False,
+                                      pack=1)
+    out = tl.exp2((x - row_max) * LOG2E) * inv
     tl.store(out_ptr + row64 * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-NEG_INF_PAIR = -8323200  # two 16-bit -inf (0xFF80 in bf16, 0xFC00 is fp16's; used only for bf16 here)
+NEG_INF_PAIR = tl.constexpr(-8323200)  # 0xFF80FF80: two bfloat16 -inf in one 32-bit word
 
 
 @triton.jit
@@ -112,48 +127,26 @@ def _pack(lo, hi, DTYPE: tl.constexpr):
 def split_words(out_ptr, x_ptr, stats_ptr, sync_ptr, n_col_vecs, x_row_vecs, out_row_vecs,
                 BLOCK: tl.constexpr, CHUNKS: tl.constexpr, VEC: tl.constexpr, MAX_SPIN: tl.constexpr,
                 OPAQUE: tl.constexpr = True):
-    """16-bit rows held as 32-bit words, two elements each, across the wait: half the registers of fp32."""
+    """bfloat16 rows held as 32-bit words, two elements each, across the wait: half the registers of fp32
+    (in the data; ptxas still allocates for the peak, which the exponentials set)."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     WORDS: tl.constexpr = BLOCK // 2
     n_words, sx, so = n_col_vecs * (VEC // 2), x_row_vecs * (VEC // 2), out_row_vecs * (VEC // 2)
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    row = ticket // CHUNKS
-    chunk = ticket % CHUNKS
+    row, chunk = _take_ticket(sync_ptr, CHUNKS)
     row64 = row.to(tl.int64)
     cols = chunk * WORDS + tl.arange(0, WORDS)
     mask = cols < n_words
-    x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    w = tl.load(x_words + row64 * sx + cols, mask=mask, other=-8323200)
+    w = tl.load(x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * sx + cols, mask=mask,
+                other=NEG_INF_PAIR)
     lo, hi = _halves(w, DTYPE)
     m = tl.maximum(tl.max(lo, axis=0), tl.max(hi, axis=0))
     m_safe = tl.where(m == -float("inf"), 0.0, m)
-    total = tl.sum(tl.exp2((lo - m_safe) * 1.4426950408889634), axis=0)
-    total += tl.sum(tl.exp2((hi - m_safe) * 1.4426950408889634), axis=0)
-    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
-    tl.store(stat, m)
-    tl.store(stat + 1, total)
-    tl.debug_barrier()
-    counter = sync_ptr + 1 + row
-    arrived = tl.atomic_add(counter, 1, sem="release") + 1
-    spins = arrived * 0
-    while (arrived < CHUNKS) & (spins < MAX_SPIN):
-        arrived = tl.atomic_add(counter, 0, sem="acquire")
-        spins += 1
-    tl.debug_barrier()
-    idx = tl.arange(0, CHUNKS)
-    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
-    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
-    row_max = tl.max(ms, axis=0)
-    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-    inv = 1.0 / tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
-    # An opaque copy of the words: the halves are computed again here rather than kept live across the wait
-    if OPAQUE:  # (the interpreter has no inline asm)
+    total = tl.sum(tl.exp2((lo - m_safe) * LOG2E), axis=0) + tl.sum(tl.exp2((hi - m_safe) * LOG2E), axis=0)
+    row_max, inv = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN)
+    if OPAQUE:  # an opaque copy: the halves are computed again here rather than kept live across the wait
         w = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1)
     lo, hi = _halves(w, DTYPE)
-    out_lo = tl.exp2((lo - row_max) * 1.4426950408889634) * inv
-    out_hi = tl.exp2((hi - row_max) * 1.4426950408889634) * inv
-    nan_pair = _pack(lo * float("nan"), hi * float("nan"), DTYPE)
-    words = tl.where(arrived >= CHUNKS, _pack(out_lo, out_hi, DTYPE), nan_pair)
+    words = _pack(tl.exp2((lo - row_max) * LOG2E) * inv, tl.exp2((hi - row_max) * LOG2E) * inv, DTYPE)
     tl.store(out_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * so + cols, words, mask=mask)
 
 
@@ -165,9 +158,7 @@ def split_reread(out_ptr, x_ptr, stats_ptr, sync_ptr, n_col_vecs, x_row_vecs, ou
     (from L2: the chunks in flight are far smaller than it) and written. Nothing is held across the wait, so
     few registers and many programs per SM: while some wait, others load."""
     n_cols, sx, so = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    row = ticket // CHUNKS
-    chunk = ticket % CHUNKS
+    row, chunk = _take_ticket(sync_ptr, CHUNKS)
     row64 = row.to(tl.int64)
     x_row = x_ptr + row64 * sx
     sub = tl.arange(0, SUB)
@@ -177,57 +168,14 @@ def split_reread(out_ptr, x_ptr, stats_ptr, sync_ptr, n_col_vecs, x_row_vecs, ou
         x = tl.load(x_row + start + sub, mask=start + sub < n_cols, other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        total = total * tl.exp2((m - m_safe) * 1.4426950408889634)
-        total += tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
+        total = total * tl.exp2((m - m_safe) * LOG2E) + tl.sum(tl.exp2((x - m_safe) * LOG2E), axis=0)
         m = m_new
-    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
-    tl.store(stat, m)
-    tl.store(stat + 1, total)
-    tl.debug_barrier()
-    counter = sync_ptr + 1 + row
-    arrived = tl.atomic_add(counter, 1, sem="release") + 1
-    spins = arrived * 0
-    while (arrived < CHUNKS) & (spins < MAX_SPIN):
-        arrived = tl.atomic_add(counter, 0, sem="acquire")
-        spins += 1
-    tl.debug_barrier()
-    idx = tl.arange(0, CHUNKS)
-    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
-    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
-    row_max = tl.max(ms, axis=0)
-    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-    inv = 1.0 / tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
-    inv = tl.where(arrived >= CHUNKS, inv, float("nan"))
+    row_max, inv = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN)
     for start in tl.range(chunk * BLOCK, chunk * BLOCK + BLOCK, SUB):
         mask = start + sub < n_cols
         x = tl.load(x_row + start + sub, mask=mask, other=-float("inf")).to(tl.float32)
-        out = tl.exp2((x - row_max) * 1.4426950408889634) * inv
+        out = tl.exp2((x - row_max) * LOG2E) * inv
         tl.store(out_ptr + row64 * so + start + sub, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def run_reread(x, out, block, sub, warps):
-    vec, args = vec_args(x, out)
-    rows = x.shape[0]
-    chunks = triton.next_power_of_2(triton.cdiv(x.shape[1], block))
-    stats = torch.empty(rows, chunks, 2, device=x.device, dtype=torch.float32)
-    sync = torch.zeros(1 + rows, device=x.device, dtype=torch.int32)
-    return split_reread[(rows * chunks,)](out, x, stats, sync, *args, BLOCK=block, SUB=sub, CHUNKS=chunks,
-                                          VEC=vec, MAX_SPIN=1 << 16, num_warps=warps)
-
-
-REREAD = [(b, s, w) for b in (4096, 8192, 16384) for s, w in ((1024, 2), (2048, 4), (4096, 4), (4096, 8))
-          if s < b]
-
-
-def run_words(x, out, block, warps, opaque=True):
-    vec, args = vec_args(x, out)
-    assert vec >= 2
-    rows = x.shape[0]
-    chunks = triton.next_power_of_2(triton.cdiv(x.shape[1], block))
-    stats = torch.empty(rows, chunks, 2, device=x.device, dtype=torch.float32)
-    sync = torch.zeros(1 + rows, device=x.device, dtype=torch.int32)
-    return split_words[(rows * chunks,)](out, x, stats, sync, *args, BLOCK=block, CHUNKS=chunks, VEC=vec,
-                                         MAX_SPIN=1 << 16, OPAQUE=opaque, num_warps=warps)
 
 
 def vec_args(x, out):
@@ -237,15 +185,15 @@ def vec_args(x, out):
     return vec, (x.shape[1] // vec, x.stride(0) // vec, out.stride(0) // vec)
 
 
-def run_split(x, out, block, warps, ticket, poll, sleep_ns=0, packed=0):
+def launch(kernel, x, out, block, warps, **constexprs):
+    """One launch of a split kernel: a program per (row, chunk), fresh stats and zeroed counters."""
     vec, args = vec_args(x, out)
     rows = x.shape[0]
     chunks = triton.next_power_of_2(triton.cdiv(x.shape[1], block))
     stats = torch.empty(rows, chunks, 2, device=x.device, dtype=torch.float32)
     sync = torch.zeros(1 + rows, device=x.device, dtype=torch.int32)
-    return split_x[(rows * chunks,)](out, x, stats, sync, *args, BLOCK=block, CHUNKS=chunks, VEC=vec,
-                                     MAX_SPIN=1 << 16, TICKET=ticket, POLL=poll, SLEEP_NS=sleep_ns,
-                                     PACKED=packed, num_warps=warps)
+    return kernel[(rows * chunks,)](out, x, stats, sync, *args, BLOCK=block, CHUNKS=chunks, VEC=vec,
+                                    MAX_SPIN=1 << 16, num_warps=warps, **constexprs)
 
 
 def bench(fn):
@@ -254,86 +202,71 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-# Round 1 (all switches) found: a relaxed ticket helps, polling with loads or sleeping does not.
+def measure(base, variant, cfg, call, out, ref, smoke):
+    """A result row: the call's max abs error (output poisoned first) and its time against the copy."""
+    try:
+        out.fill_(float("nan"))
+        call()
+        err = (out.double() - ref).abs().max().item()
+        ms = bench(call) if not smoke else 1.0
+        row = base | dict(variant=variant, cfg=cfg, ms=ms, frac=base["copy_ms"] / ms, err=err)
+    except Exception as e:  # noqa: BLE001
+        row = base | dict(variant=variant, cfg=cfg, ms=float("nan"), frac=float("nan"),
+                          err=f"{type(e).__name__}: {e}"[:90])
+    print(f"  {variant:22s} {cfg:30s} {row['ms'] * 1e3:8.1f} us {row['frac']:.3f} err={row['err']}", flush=True)
+    return row
+
+
+# Round 1 (every switch) found: a relaxed ticket helps; polling with loads or sleeping does not.
+# Round 2 (these): the relaxed ticket over more configs, and three ways to hold fewer registers per byte.
 VARIANTS = [(1, "rmw", 0, 0), (2, "rmw", 0, 0), (2, "rmw", 0, 1), (2, "none", 0, 0), (2, "none", 0, 1)]
 CONFIGS = [(4096, 2), (4096, 4), (8192, 2), (8192, 4), (8192, 8), (16384, 4), (16384, 8)]
+REREAD = [(b, s, w) for b in (4096, 8192, 16384) for s, w in ((1024, 2), (2048, 4), (4096, 4), (4096, 8))
+          if s < b]
+
+
+def variant_name(ticket, poll, sleep_ns, packed):
+    return f"{('pid', 'ticket', 'relaxed')[ticket]}_{poll}" + (f"{sleep_ns}" if sleep_ns else "") + (
+        "_packed" if packed else "")
 
 
 def main(outdir, smoke):
     from labkernels.ch06_attention import online_softmax as osm
 
     shapes = ((4096, 32768, torch.bfloat16), (1024, 262144, torch.bfloat16), (1024, 262144, torch.float32))
-    configs = CONFIGS
-    if smoke:  # the interpreter runs programs one after another: only the no-wait variant can finish there
-        shapes, configs = ((3, 100, torch.float32),), [(32, 4)]
+    configs, rereads = CONFIGS, REREAD
+    if smoke:  # the interpreter runs programs one after another: only one chunk per row can finish there
+        shapes, configs, rereads = ((3, 100, torch.float32),), [(128, 4)], [(128, 32, 4)]
     rows_out, t0 = [], time.time()
     for rows, cols, dtype in shapes:
         x = (torch.randn(rows, cols, device=labkernels.DEVICE) * 3).to(dtype)
         ref = torch.softmax(x.double(), dim=1)
         out = torch.empty_like(x)
-        copy_ms = bench(lambda: out.copy_(x)) if not smoke else 1.0
-        ship_ms = bench(lambda: osm.online_softmax(x, out)) if not smoke else 1.0
-        base = dict(rows=rows, cols=cols, dtype=str(dtype).split(".")[1], copy_ms=copy_ms)
-        rows_out.append(base | dict(variant="shipped", cfg=str(osm.config(rows, cols, dtype)), ms=ship_ms,
-                                    frac=copy_ms / ship_ms, err=""))
-        print(f"{rows}x{cols} {dtype}: copy {copy_ms * 1e3:.1f} us; shipped {ship_ms * 1e3:.1f} us "
-              f"= {copy_ms / ship_ms:.3f} of copy ({osm.config(rows, cols, dtype)})", flush=True)
+        base = dict(rows=rows, cols=cols, dtype=str(dtype).split(".")[1],
+                    copy_ms=bench(lambda: out.copy_(x)) if not smoke else 1.0)  # noqa: B023
+        print(f"{rows}x{cols} {dtype}: copy {base['copy_ms'] * 1e3:.1f} us", flush=True)
+        shipped = str(osm.config(rows, cols, dtype))
+        rows_out.append(measure(base, "shipped", shipped, lambda: osm.online_softmax(x, out), out, ref, smoke))  # noqa: B023
         for block, warps in configs:
-            if not 2 <= triton.next_power_of_2(cols) // block <= 64 and not smoke:
-                continue
-            for ticket, poll, sleep_ns, packed in VARIANTS:
-                if packed and dtype != torch.bfloat16:
-                    continue
-                if smoke and poll != "none":
-                    continue
-                if time.time() - t0 > 150:
-                    print("time budget spent", flush=True)
-                    break
-                name = f"{('pid', 'ticket', 'relaxed')[ticket]}_{poll}" + (f"{sleep_ns}" if sleep_ns else "") + ("_packed" if packed else "")
-                call = lambda: run_split(x, out, block, warps, ticket, poll, sleep_ns, packed)  # noqa: E731,B023
-                try:
-                    out.fill_(float("nan"))
-                    call()
-                    err = (out.double() - ref).abs().max().item()
-                    ms = bench(call) if not smoke else 1.0
-                    r = base | dict(variant=name, cfg=f"block={block} warps={warps}", ms=ms,
-                                    frac=copy_ms / ms, err=err)
-                except Exception as e:  # noqa: BLE001
-                    r = base | dict(variant=name, cfg=f"block={block} warps={warps}", ms=float("nan"),
-                                    frac=float("nan"), err=f"{type(e).__name__}: {str(e)[:80]}")
-                rows_out.append(r)
-                if ticket == 2 and poll == "rmw" and packed == 1:  # then the words variant, same config
-                    try:
-                        out.fill_(float("nan"))
-                        run_words(x, out, block, warps)
-                        err = (out.double() - ref).abs().max().item()
-                        ms = bench(lambda: run_words(x, out, block, warps)) if not smoke else 1.0  # noqa: B023
-                        rw = base | dict(variant="relaxed_rmw_words", cfg=f"block={block} warps={warps}",
-                                         ms=ms, frac=copy_ms / ms, err=err)
-                    except Exception as e:  # noqa: BLE001
-                        rw = base | dict(variant="relaxed_rmw_words", cfg=f"block={block} warps={warps}",
-                                         ms=float("nan"), frac=float("nan"), err=f"{type(e).__name__}: {e}"[:90])
-                    rows_out.append(rw)
-                    print(f"  relaxed_rmw_words  {rw['cfg']:22s} {rw['ms'] * 1e3:8.1f} us {rw['frac']:.3f} "
-                          f"err={rw['err']}", flush=True)
-                print(f"  {name:18s} {r['cfg']:22s} {r['ms'] * 1e3:8.1f} us {r['frac']:.3f} err={r['err']}",
-                      flush=True)
-        for block, sub, warps in REREAD if not smoke else [(64, 16, 4)]:
             if not smoke and not 2 <= triton.next_power_of_2(cols) // block <= 64:
                 continue
-            cfg = f"block={block} sub={sub} warps={warps}"
-            try:
-                out.fill_(float("nan"))
-                run_reread(x, out, block, sub, warps)
-                err = (out.double() - ref).abs().max().item()
-                ms = bench(lambda: run_reread(x, out, block, sub, warps)) if not smoke else 1.0  # noqa: B023
-                r = base | dict(variant="relaxed_reread", cfg=cfg, ms=ms, frac=copy_ms / ms, err=err)
-            except Exception as e:  # noqa: BLE001
-                r = base | dict(variant="relaxed_reread", cfg=cfg, ms=float("nan"), frac=float("nan"),
-                                err=f"{type(e).__name__}: {e}"[:90])
-            rows_out.append(r)
-            print(f"  relaxed_reread     {cfg:28s} {r['ms'] * 1e3:8.1f} us {r['frac']:.3f} err={r['err']}",
-                  flush=True)
+            cfg = f"block={block} warps={warps}"
+            for ticket, poll, sleep_ns, packed in VARIANTS:
+                if (packed and dtype != torch.bfloat16) or time.time() - t0 > 150:
+                    continue
+                switches = dict(TICKET=ticket, POLL=poll, SLEEP_NS=sleep_ns, PACKED=packed)
+                call = lambda: launch(split_x, x, out, block, warps, **switches)  # noqa: E731,B023
+                rows_out.append(measure(base, variant_name(ticket, poll, sleep_ns, packed), cfg, call, out, ref,
+                                        smoke))
+            if dtype == torch.bfloat16:
+                call = lambda: launch(split_words, x, out, block, warps)  # noqa: E731,B023
+                rows_out.append(measure(base, "relaxed_rmw_words", cfg, call, out, ref, smoke))
+        for block, sub, warps in rereads:
+            if not smoke and not 2 <= triton.next_power_of_2(cols) // block <= 64:
+                continue
+            call = lambda: launch(split_reread, x, out, block, warps, SUB=sub)  # noqa: E731,B023
+            rows_out.append(measure(base, "relaxed_reread", f"block={block} sub={sub} warps={warps}", call, out,
+                                    ref, smoke))
     with open(f"{outdir}/exchange.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows_out[0]))
         w.writeheader()
