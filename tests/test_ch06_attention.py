@@ -389,3 +389,15 @@ def test_best_softmax_variants_keeps_the_fastest_config_per_shape():
     assert len(keys) == len(set(keys))  # one row per shape and variant
     assert {r["variant"] for r in best.rows} == set(bench.SOFTMAX_VARIANTS)
     assert all(str(r["correct"]) == "False" for r in best.rows if r["variant"] == "split_no_exchange")
+
+
+def test_best_exchange_variants_one_row_each_and_the_wrong_ones_marked():
+    from labkernels.results import load_reference
+
+    table = load_reference("ch06_softmax_exchange")
+    best = bench.best_softmax_variants(table, bench.EXCHANGE_VARIANTS)
+    keys = [(r["rows"], r["cols"], r["dtype"], r["variant"]) for r in best.rows]
+    assert len(keys) == len(set(keys))
+    assert {r["variant"] for r in best.rows} == set(bench.EXCHANGE_VARIANTS)
+    for row in best.rows:  # a no-exchange run normalises each chunk alone; the others are checked softmaxes
+        assert str(row["correct"]) == str(row["variant"] != "relaxed_none")

@@ -172,17 +172,26 @@ SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144)]
 # split_no_exchange, pipe -> split_persistent_overlap) and its 5000-column rows left out: there the variants
 # lacked the vector-width hint that the package's kernels have, so they were not comparable.
 SOFTMAX_VARIANTS = ("tuned", "prefetch", "split_persistent_overlap", "split_no_exchange")
+# The split kernel's exchange taken apart (gpu_jobs/softmax_exchange.py, ch06_softmax_exchange.csv):
+EXCHANGE_VARIANTS = (
+    "ticket_rmw",  # as it was: an acq_rel ticket, then publish, count in, poll the count
+    "relaxed_rmw",  # the same with a relaxed ticket (what ships now)
+    "relaxed_none",  # the relaxed ticket and no exchange (a wrong result): the ticket's cost alone
+    "relaxed_rmw_packed",  # 16-bit data converted again after the wait, so that less stays live across it
+    "relaxed_rmw_words",  # 16-bit data held as 32-bit words, two elements each, across the wait
+    "relaxed_reread",  # nothing held across the wait: the chunk is read again (from L2) after it
+)
 
 
-def best_softmax_variants(table: Table) -> Table:
-    """The fastest configuration of each variant per shape, as a fraction of a same-size copy timed in the
-    same run. `tuned` is the autotuned choice of the time (one_block, loop or split); `split_no_exchange`
+def best_softmax_variants(table: Table, variants: tuple[str, ...] = SOFTMAX_VARIANTS) -> Table:
+    """The fastest configuration of each of `variants` per shape, as a fraction of a same-size copy timed in
+    the same run. `tuned` is the autotuned choice of the time (one_block, loop or split); `split_no_exchange`
     skips the programs' exchange (its result is wrong): the time of the memory traffic and the per-chunk
     work alone, so the distance from it to `tuned` is what the exchange costs."""
     rows = []
     for shape in sorted({(r["rows"], r["cols"], r["dtype"]) for r in table.rows}, key=lambda s: (s[1], s[2])):
         group = [r for r in table.rows if (r["rows"], r["cols"], r["dtype"]) == shape]
-        for variant in SOFTMAX_VARIANTS:
+        for variant in variants:
             runs = [r for r in group if r["variant"] == variant]
             if runs:
                 best = max(runs, key=lambda r: r["fraction_of_same_size_copy"])
