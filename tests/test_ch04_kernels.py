@@ -529,3 +529,48 @@ def test_matmul_tf32_swapped_backward():
     atol, rtol = TF32_TOL
     torch.testing.assert_close(a.grad.double(), g.double() @ b.double().t(), atol=atol * 23**0.5, rtol=rtol)
     torch.testing.assert_close(b.grad.double(), a.double().t() @ g.double(), atol=atol * 19**0.5, rtol=rtol)
+
+
+# --- conv: thin and normal launches, bitwise (GPU lane) -----------------------------------------------------
+
+
+def _conv_launcher_kind(x, w, bias, stride, padding) -> str:
+    return conv_mod._launches[conv_mod._launch_key(x, w, bias, stride, padding)].launcher.kind
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("stride", "padding", "with_bias"), [(1, 1, True), (2, 0, False)])
+def test_conv_thin_equals_normal_bitwise_on_any_stream_and_in_a_graph(stride, padding, with_bias):
+    from labkernels import launch_cache
+
+    x = torch.randn(3, 13, 11, 64, device=DEVICE, dtype=torch.float16)
+    w = torch.randn(40, 3, 3, 64, device=DEVICE, dtype=torch.float16) / 24
+    bias = torch.randn(40, device=DEVICE, dtype=torch.float16) if with_bias else None
+    try:
+        launch_cache.set_enabled(False)
+        conv2d_nhwc(x, w, bias, stride=stride, padding=padding)  # the first call of the key tunes
+        expected = conv2d_nhwc(x, w, bias, stride=stride, padding=padding)
+        assert _conv_launcher_kind(x, w, bias, stride, padding) == "normal"
+        launch_cache.set_enabled(True)
+        conv2d_nhwc(x, w, bias, stride=stride, padding=padding)  # builds the thin launcher
+        assert _conv_launcher_kind(x, w, bias, stride, padding) == "thin"
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # launched on the current (side) stream, after x's producer
+            on_side = conv2d_nhwc(x, w, bias, stride=stride, padding=padding)
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(on_side, expected)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # captured only if the thin launch goes to the capture stream
+            captured = conv2d_nhwc(x, w, bias, stride=stride, padding=padding)
+        fresh = torch.randn_like(x)
+        x.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        launch_cache.set_enabled(False)
+        assert torch.equal(captured, conv2d_nhwc(fresh, w, bias, stride=stride, padding=padding))
+        want = conv_mod.reference(fresh, w, bias, stride=stride, padding=padding)
+        torch.testing.assert_close(captured.double(), want, atol=2e-2 * (9 * 64) ** 0.5 / 24, rtol=5e-3)
+    finally:
+        launch_cache.set_enabled(launch_cache.enabled_from_env())
