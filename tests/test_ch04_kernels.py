@@ -244,10 +244,26 @@ print("ok")
 """
 
 
+BIG_TF32 = """
+import torch, labkernels
+from labkernels.ch04_libraries import splitk
+m, k = 2**16 + 3, 2**15 + 8  # a (m, k) fp32: 2^31+ elements, so the swapped kernel's A^T offsets pass int32
+a = torch.randn(m, k, device="cuda")
+b = torch.randn(k, 16, device="cuda")  # row-major: TF32 runs as C^T = B^T A^T
+ref = a @ b  # fp32 cuBLAS (TF32 is off for matmuls by default)
+c = splitk.matmul(a, b, allow_tf32=True)
+assert any(key[0] == "k_major" and key[-1] and key[1:4] == (16, m, k) for key in splitk._tuned)
+err = (c - ref).abs().max().item()
+assert err < 0.05 * k**0.5, err  # TF32 errs by ~1e-3 sqrt(k); a wrong offset by ~sqrt(k)
+print("ok")
+"""
+
+
 @pytest.mark.gpu
 @gpu
-def test_matmul_beyond_int32_offsets():
-    done = subprocess.run([sys.executable, "-c", BIG_MATMUL], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("script", [BIG_MATMUL, BIG_TF32], ids=["split_k_bf16", "tf32_swapped"])
+def test_matmul_beyond_int32_offsets(script):
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
