@@ -11,13 +11,21 @@ of one kernel with constexpr switches, timed against a same-size copy in the sam
 - TICKET=1: the shipped ticket (acq_rel); TICKET=2 a relaxed one (it is only a number);
 - TICKET=0: program-id order instead of a ticket (not safe: CUDA does not promise that order), for contrast.
 Usage: python gpu_jobs/softmax_exchange.py OUTDIR [--smoke]
+       python gpu_jobs/softmax_exchange.py --registers   (no GPU needed: ptxas's registers per thread, sm_90)
 """
 
 import csv
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
-import labkernels  # noqa: F401  (first: it sets the lane before triton is imported)
+REGISTERS_ONLY = __name__ == "__main__" and "--registers" in sys.argv
+if REGISTERS_ONLY:  # compile for the GPU on any machine: no interpreter, so no labkernels lane
+    os.environ.pop("TRITON_INTERPRET", None)
+else:
+    import labkernels  # noqa: F401  (first: it sets the lane before triton is imported)
 import torch
 import triton
 import triton.language as tl
@@ -273,5 +281,40 @@ def main(outdir, smoke):
         w.writerows(rows_out)
 
 
+def ptxas_registers(kernel, constexprs: dict, warps: int, dtype: str = "*bf16") -> int:
+    """Registers per thread that ptxas allocates for `kernel` compiled for sm_90 (an H100/H200)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {"out_ptr": dtype, "x_ptr": dtype, "stats_ptr": "*fp32", "sync_ptr": "*i32", "n_col_vecs": "i32",
+                 "x_row_vecs": "i32", "out_row_vecs": "i32"} | {name: "constexpr" for name in constexprs}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True, check=True)
+    return int(done.stderr.split(" registers")[0].split()[-1])  # "ptxas info : Used N registers, ..."
+
+
+def print_registers():
+    """The three ways to hold 16-bit data more compactly, against the plain split kernel: bfloat16, 8192-wide
+    chunks, 4 warps (reread: 2048-wide pieces)."""
+    common = dict(BLOCK=8192, CHUNKS=32, VEC=8, MAX_SPIN=1 << 16)
+    switches = dict(TICKET=2, POLL="rmw", SLEEP_NS=0)
+    for name, kernel, constexprs in (
+        ("relaxed_rmw", split_x, common | switches | dict(PACKED=0)),
+        ("relaxed_rmw_packed", split_x, common | switches | dict(PACKED=1)),
+        ("relaxed_rmw_words", split_words, common | dict(OPAQUE=True)),
+        ("relaxed_reread", split_reread, common | dict(SUB=2048)),
+    ):
+        print(f"{name:20s} {ptxas_registers(kernel, constexprs, warps=4)} registers per thread")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], "--smoke" in sys.argv)
+    if REGISTERS_ONLY:
+        print_registers()
+    else:
+        main(sys.argv[1], "--smoke" in sys.argv)
