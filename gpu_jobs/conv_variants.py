@@ -189,8 +189,13 @@ class SplitConv:
 # --- the direct launch of `_conv_kernel` with explicit constexprs -----------------------------------------
 
 
-def sweep_configs(element_size: int, tiles=((64, 64), (64, 128), (128, 64), (128, 128))) -> list[tuple]:
+SWEEP_TILES = ((64, 64), (64, 128), (128, 64), (128, 128))
+SPLITS = True  # run the split-K variants (off with --sweep-c)
+
+
+def sweep_configs(element_size: int, tiles=None) -> list[tuple]:
     """(bm, bn, bk, stages, warps) whose pipelined tiles fit shared memory."""
+    tiles = SWEEP_TILES if tiles is None else tiles
     out = []
     for bm, bn in tiles:
         for bk in (64, 128):
@@ -273,7 +278,7 @@ def _compile_jobs() -> list[tuple]:
     jobs = [("conv", _ints(shape), meta) for shape in CONV_SHAPES for meta in _autotune_metas(shape)]
     for shape in SWEEP_SHAPES:
         jobs += [("conv", _ints(shape), _direct_meta(shape, *cfg)) for cfg in sweep_configs(2)]
-    for v in split_variants():
+    for v in split_variants() if SPLITS else ():
         jobs.append(("split", _ints(SPLIT_SHAPE), SplitConv.launch_meta(SPLIT_SHAPE, *v)))
     unique = {}
     for job in jobs:
@@ -574,7 +579,8 @@ def gpu_main(out_dir: str, budget_s: float, workers: int) -> int:
     kept = main_shapes(table, prepared, timed=True)
     deadline = start + budget_s
     sweep(table, kept, timed=True, deadline=deadline - 15)  # leave time for the split-K rows
-    splits(table, kept, timed=True, deadline=deadline)
+    if SPLITS:
+        splits(table, kept, timed=True, deadline=deadline)
     summary(table)
     print(f"wrote {table.file.name} in {time.perf_counter() - start:.0f} s")
     return 0
@@ -604,7 +610,19 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU lane: tiny fp32 shapes, checks only")
     parser.add_argument("--budget-s", type=float, default=95.0, help="start no new variant after this")
     parser.add_argument("--workers", type=int, default=min(14, max(1, (os.cpu_count() or 2) - 2)))
+    parser.add_argument(
+        "--sweep-c",
+        type=int,
+        nargs="+",
+        help="sweep the 3x3 stride-1 shapes with these C instead (and wider tiles: 64/128 x 256, 256 x 128); "
+        "no split-K rows",
+    )
     args = parser.parse_args()
+    if args.sweep_c:
+        global SWEEP_SHAPES, SWEEP_TILES, SPLITS
+        SWEEP_SHAPES = [s for s in CONV_SHAPES if s[1] in args.sweep_c and s[4] == 3 and s[5] == 1]
+        SWEEP_TILES = SWEEP_TILES + ((64, 256), (128, 256), (256, 128))
+        SPLITS = False
     out_dir = os.path.join(os.environ.get("OUT", "/tmp"), "conv_variants")
     if args.smoke:
         return smoke(out_dir)
