@@ -293,8 +293,14 @@ def split_variants(gpu: bool = True) -> list[tuple]:
         return [(16, 16, 16, 1, 4, s, m) for s in (2, 3) for m in ("last", "partials", "atomic")] + [
             (32, 16, 16, 1, 4, 4, "last")
         ]
-    out = [(*t, s, "last") for t in ((128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (64, 128, 64, 4, 4),
-                                     (128, 64, 64, 4, 4)) for s in (2, 3, 4)]  # fmt: skip
+    tiles = (
+        (128, 128, 64, 3, 8),
+        (128, 128, 64, 4, 8),
+        (64, 128, 64, 4, 4),
+        (64, 128, 64, 3, 4),
+        (128, 64, 64, 4, 4),
+    )
+    out = [(*t, s, "last") for t in tiles for s in (2, 3, 4)]
     out += [(128, 128, 64, 3, 8, s, m) for m in ("partials", "atomic") for s in (2, 3, 4)]
     return out
 
@@ -615,14 +621,19 @@ def main() -> int:
         type=int,
         nargs="+",
         help="sweep the 3x3 stride-1 shapes with these C instead (and wider tiles: 64/128 x 256, 256 x 128); "
-        "no split-K rows",
+        "no split-K rows unless --split-c",
     )
+    parser.add_argument("--split-c", type=int, help="the split-K rows on the 3x3 stride-1 shape with this C")
     args = parser.parse_args()
     if args.sweep_c:
         global SWEEP_SHAPES, SWEEP_TILES, SPLITS
         SWEEP_SHAPES = [s for s in CONV_SHAPES if s[1] in args.sweep_c and s[4] == 3 and s[5] == 1]
         SWEEP_TILES = SWEEP_TILES + ((64, 256), (128, 256), (256, 128))
         SPLITS = False
+    if args.split_c:
+        global SPLIT_SHAPE
+        SPLIT_SHAPE = next(s for s in CONV_SHAPES if s[1] == args.split_c and s[4] == 3 and s[5] == 1)
+        SPLITS = True
     out_dir = os.path.join(os.environ.get("OUT", "/tmp"), "conv_variants")
     if args.smoke:
         return smoke(out_dir)
