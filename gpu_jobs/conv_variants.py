@@ -48,7 +48,7 @@ from labkernels.ch04_libraries.splitk import _sum_splits_kernel
 from labkernels.lane import DEVICE, on_gpu
 
 SWEEP_SHAPES = [(32, 512, 7, 512, 3, 1, 1), (32, 128, 28, 128, 3, 1, 1)]  # furthest behind cuDNN in graphs
-SPLIT_SHAPE = (32, 512, 7, 512, 3, 1, 1)
+SPLIT_SHAPES = [(32, 512, 7, 512, 3, 1, 1)]
 TOL = {torch.float16: (2e-2, 5e-3), torch.float32: (1e-4, 1e-5)}  # atol (x sqrt(fan-in)), rtol
 _empty = torch.empty  # the outputs' allocator: --smoke fills them with NaN, so a skipped tile shows
 FIELDS = [
@@ -279,7 +279,7 @@ def _compile_jobs() -> list[tuple]:
     for shape in SWEEP_SHAPES:
         jobs += [("conv", _ints(shape), _direct_meta(shape, *cfg)) for cfg in sweep_configs(2)]
     for v in split_variants() if SPLITS else ():
-        jobs.append(("split", _ints(SPLIT_SHAPE), SplitConv.launch_meta(SPLIT_SHAPE, *v)))
+        jobs += [("split", _ints(shape), SplitConv.launch_meta(shape, *v)) for shape in SPLIT_SHAPES]
     unique = {}
     for job in jobs:
         unique.setdefault((job[0], job[1], tuple(sorted(job[2].items(), key=str))), job)
@@ -301,6 +301,10 @@ def split_variants(gpu: bool = True) -> list[tuple]:
         (128, 64, 64, 4, 4),
     )
     out = [(*t, s, "last") for t in tiles for s in (2, 3, 4)]
+    # 64 x 128 tiles in 3 or 2 stages (72 / 48 KiB): three or four programs per SM, so up to ~400 programs of
+    # (tile, split) run at once and a split count can fill the SMs evenly
+    out += [(64, 128, 64, 3, 4, s, "last") for s in (5, 6)]
+    out += [(64, 128, 64, 2, 4, s, "last") for s in (2, 3, 4, 5, 6)]
     out += [(128, 128, 64, 3, 8, s, m) for m in ("partials", "atomic") for s in (2, 3, 4)]
     return out
 
@@ -505,7 +509,11 @@ def sweep(table: Table, kept: dict, timed: bool, deadline: float) -> None:
 
 
 def splits(table: Table, kept: dict, timed: bool, deadline: float) -> None:
-    shape = SPLIT_SHAPE
+    for shape in SPLIT_SHAPES:
+        splits_of(table, kept, timed, deadline, shape)
+
+
+def splits_of(table: Table, kept: dict, timed: bool, deadline: float, shape) -> None:
     x, w, ref = kept[shape]
     fan_in = shape[1] * shape[4] ** 2
     for v in split_variants(on_gpu()):
@@ -525,7 +533,7 @@ def splits(table: Table, kept: dict, timed: bool, deadline: float) -> None:
 
 def summary(table: Table) -> None:
     print("\nsummary (graph replays; x = cuDNN time / ours):")
-    for shape in SWEEP_SHAPES:
+    for shape in dict.fromkeys(SWEEP_SHAPES + (SPLIT_SHAPES if SPLITS else [])):
         mine = [r for r in table.rows if tuple(r[k] for k in FIELDS[:7]) == shape and r.get("ok")]
         graph = [r for r in mine if isinstance(r.get("x_cudnn_graph"), float)]
         tuned = [r for r in graph if r["impl"] == "labkernels"]
@@ -597,8 +605,8 @@ def smoke(out_dir: str) -> int:
     stride 2), checked against the fp64 reference; no timings."""
     torch.manual_seed(0)
     shapes = [(2, 40, 7, 24, 3, 1, 1), (1, 24, 9, 20, 3, 2, 1)]
-    global SWEEP_SHAPES, SPLIT_SHAPE, _empty
-    SWEEP_SHAPES, SPLIT_SHAPE = shapes, shapes[0]
+    global SWEEP_SHAPES, SPLIT_SHAPES, _empty
+    SWEEP_SHAPES, SPLIT_SHAPES = shapes, shapes[:1]
     _empty = lambda *args, **kwargs: torch.empty(*args, **kwargs).fill_(float("nan"))  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
     table = Table(os.path.join(out_dir, "smoke.csv"))
@@ -623,7 +631,9 @@ def main() -> int:
         help="sweep the 3x3 stride-1 shapes with these C instead (and wider tiles: 64/128 x 256, 256 x 128); "
         "no split-K rows unless --split-c",
     )
-    parser.add_argument("--split-c", type=int, help="the split-K rows on the 3x3 stride-1 shape with this C")
+    parser.add_argument(
+        "--split-c", type=int, nargs="+", help="the split-K rows on the 3x3 stride-1 shapes with these C"
+    )
     args = parser.parse_args()
     if args.sweep_c:
         global SWEEP_SHAPES, SWEEP_TILES, SPLITS
@@ -631,8 +641,8 @@ def main() -> int:
         SWEEP_TILES = SWEEP_TILES + ((64, 256), (128, 256), (256, 128))
         SPLITS = False
     if args.split_c:
-        global SPLIT_SHAPE
-        SPLIT_SHAPE = next(s for s in CONV_SHAPES if s[1] == args.split_c and s[4] == 3 and s[5] == 1)
+        global SPLIT_SHAPES
+        SPLIT_SHAPES = [s for s in CONV_SHAPES if s[1] in args.split_c and s[4] == 3 and s[5] == 1]
         SPLITS = True
     out_dir = os.path.join(os.environ.get("OUT", "/tmp"), "conv_variants")
     if args.smoke:
