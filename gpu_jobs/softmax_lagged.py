@@ -29,9 +29,10 @@ the indexing, masks, merge and drain on the CPU lane, not the synchronization.
 
 What it found (H200, torch 2.11, triton 3.6, 2026-12-01; every variant correct): slower than the shipped
 kernel everywhere. Best fraction of a same-size copy, lagged against shipped: 1024 x 262144 bf16 0.59 / 0.73,
-fp32 0.62 / 0.89; 4096 x 32768 bf16 0.61 / 0.88. The likely reason, not measured: a program has one chunk in flight per step, and a step
-holds the HBM load, a reduction, the publish and an L2 round trip for the poll, in sequence: per program the
-bytes in flight are fewer than the shipped kernel's, which waits but keeps several chunks loading per SM.
+fp32 0.62 / 0.89; 4096 x 32768 bf16 0.61 / 0.88. The likely reason, not measured: a program has one chunk in
+flight per step, and a step holds the HBM load, a reduction, the publish and an L2 round trip for the poll, in
+sequence: per program the bytes in flight are fewer than the shipped kernel's, which waits but keeps several
+chunks loading per SM.
 
     python gpu_jobs/softmax_lagged.py OUTDIR [--budget-s 190]   # GPU: table on stdout, OUTDIR/results.csv
     python gpu_jobs/softmax_lagged.py --registers               # no GPU: ptxas registers/spills, sm_90a
