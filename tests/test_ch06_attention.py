@@ -401,3 +401,16 @@ def test_best_exchange_variants_one_row_each_and_the_wrong_ones_marked():
     assert {r["variant"] for r in best.rows} == set(bench.EXCHANGE_VARIANTS)
     for row in best.rows:  # a no-exchange run normalises each chunk alone; the others are checked softmaxes
         assert str(row["correct"]) == str(row["variant"] != "relaxed_none")
+
+
+def test_best_lagged_variants_one_row_each_all_checked():
+    from labkernels.results import load_reference
+
+    table = load_reference("ch06_softmax_lagged")
+    best = bench.best_softmax_variants(table, bench.LAGGED_VARIANTS)
+    shapes = {(r["rows"], r["cols"], r["dtype"]) for r in table.rows}
+    keys = [(r["rows"], r["cols"], r["dtype"], r["variant"]) for r in best.rows]
+    assert len(keys) == len(set(keys))
+    assert {k[:3] for k in keys if k[3] == "shipped"} == shapes  # the shipped kernel beside every shape
+    assert {r["variant"] for r in best.rows} == set(bench.LAGGED_VARIANTS)
+    assert all(str(r["correct"]) == "True" for r in best.rows)  # every variant is a checked softmax

@@ -181,6 +181,10 @@ EXCHANGE_VARIANTS = (
     "relaxed_rmw_words",  # 16-bit data held as 32-bit words, two elements each, across the wait
     "relaxed_reread",  # nothing held across the wait: the chunk is read again (from L2) after it
 )
+# No wait with a chunk in registers (gpu_jobs/softmax_lagged.py, ch06_softmax_lagged.csv): persistent
+# programs normalize the chunk they reduced LAG steps earlier, read again from L2; `shipped` is
+# online_softmax's own choice.
+LAGGED_VARIANTS = ("shipped", "lagged", "lagged_hints")
 
 
 def best_softmax_variants(table: Table, variants: tuple[str, ...] = SOFTMAX_VARIANTS) -> Table:
