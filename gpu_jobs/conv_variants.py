@@ -305,6 +305,8 @@ def split_variants(gpu: bool = True) -> list[tuple]:
     # (tile, split) run at once and a split count can fill the SMs evenly
     out += [(64, 128, 64, 3, 4, s, "last") for s in (5, 6)]
     out += [(64, 128, 64, 2, 4, s, "last") for s in (2, 3, 4, 5, 6)]
+    # big tiles re-read less of x and w through L2; the partials summed by a second kernel over every SM
+    out += [(*t, s, "partials") for t in ((128, 256, 64, 3, 8), (256, 128, 64, 3, 8)) for s in (2, 3, 4)]
     out += [(128, 128, 64, 3, 8, s, m) for m in ("partials", "atomic") for s in (2, 3, 4)]
     return out
 

@@ -48,6 +48,42 @@ def matmul_triton_tma():
 
 CASES = ["ch04.matmul_cublas", "ch04.matmul_triton_tiled", "ch04.matmul_triton_tma"]
 
+# The convolution furthest behind cuDNN (ch04_conv): fp16, batch 32, C = K_out = 512 at 7^2, 3x3, padding 1.
+# Not in the benchmark's table; profile one with `python -m labkernels.profile profile ch04.conv_cudnn_c512`.
+CONV_SHAPE = (32, 512, 7, 512)  # (batch, C, H = W, K_out)
+CONV_QUESTIONS = ("tensor_pipe", "occupancy", "l2")
+CONV_CASES = ["ch04.conv_cudnn_c512", "ch04.conv_triton_c512"]
+
+
+def _conv_operands():
+    batch, c, size, k_out = CONV_SHAPE
+    x = torch.randn(batch, c, size, size, device=DEVICE, dtype=torch.float16)
+    w = torch.randn(k_out, c, 3, 3, device=DEVICE, dtype=torch.float16)
+    return x, w
+
+
+@case("ch04.conv_cudnn_c512", questions=CONV_QUESTIONS)
+def conv_cudnn_c512():
+    """cuDNN 3x3 conv, channels_last, cudnn.benchmark on, fp16, batch 32, C = K_out = 512 at 7^2"""
+    x, w = _conv_operands()
+    x, w = x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last)
+    torch.backends.cudnn.benchmark = True  # the case runs in its own process
+    torch.nn.functional.conv2d(x, w, padding=1)  # times cuDNN's candidates, keeps the fastest
+    return lambda: torch.nn.functional.conv2d(x, w, padding=1)  # read x, w; write y
+
+
+@case("ch04.conv_triton_c512", questions=CONV_QUESTIONS, kernel="_conv_kernel")
+def conv_triton_c512():
+    """the chapter's implicit-GEMM Triton conv, NHWC, autotuned, fp16, batch 32, C = K_out = 512 at 7^2"""
+    from labkernels.ch04_libraries.conv import conv2d_nhwc, reference, weight_from_torch
+
+    x, w = _conv_operands()
+    x, w = x.permute(0, 2, 3, 1).contiguous(), weight_from_torch(w)
+    got = conv2d_nhwc(x, w, padding=1)  # tunes
+    # fan-in 4608: outputs of a few hundred at most, rounded to fp16 (2^-11 relative)
+    torch.testing.assert_close(got.double(), reference(x, w, padding=1), rtol=1e-2, atol=0.5)
+    return lambda: conv2d_nhwc(x, w, padding=1)  # read x, w; write y
+
 
 @benchmark("ch04_profile")
 def bench_profile() -> list[dict]:
