@@ -169,7 +169,7 @@ def test_registry_lists_every_case():
     from labkernels.ch06_attention import profiles as ch06
 
     found = P.discover()
-    for name in [*ch02.CASES, *ch03.CASES, *ch04.CASES, *ch05.CASES, *ch06.CASES]:
+    for name in [*ch02.CASES, *ch03.CASES, *ch04.CASES, *ch04.CONV_CASES, *ch05.CASES, *ch06.CASES]:
         assert name in found, name
         assert found[name].doc and found[name].questions
     assert {n.split(".")[0] for n in found} >= {"ch02", "ch03", "ch04", "ch05", "ch06"}
