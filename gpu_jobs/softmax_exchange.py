@@ -16,9 +16,7 @@ Usage: python gpu_jobs/softmax_exchange.py OUTDIR [--smoke]
 
 import csv
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 REGISTERS_ONLY = __name__ == "__main__" and "--registers" in sys.argv
@@ -283,23 +281,12 @@ def main(outdir, smoke):
 
 def ptxas_registers(kernel, constexprs: dict, warps: int, dtype: str = "*bf16") -> int:
     """Registers per thread that ptxas allocates for `kernel` compiled for sm_90 (an H100/H200)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from sm90 import compile_sm90, ptxas_info
 
     signature = {"out_ptr": dtype, "x_ptr": dtype, "stats_ptr": "*fp32", "sync_ptr": "*i32", "n_col_vecs": "i32",
                  "x_row_vecs": "i32", "out_row_vecs": "i32"} | {name: "constexpr" for name in constexprs}
-    # The four pointers 16-byte aligned, as a real launch specializes them (torch's allocations are): without
-    # it the loads compile to scalar 16-bit accesses and the counts come out too high.
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(4)}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(f"{tmp}/k.ptx", "w") as f:
-            f.write(ptx)
-        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                              capture_output=True, text=True, check=True)
-    return int(done.stderr.split(" registers")[0].split()[-1])  # "ptxas info : Used N registers, ..."
+    info = ptxas_info(compile_sm90(kernel, signature, constexprs, warps))
+    return int(info.split(" registers")[0].split()[-1])  # "ptxas info : Used N registers, ..."
 
 
 def print_registers():

@@ -46,9 +46,7 @@ import ctypes
 import multiprocessing
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 
 REGISTERS_ONLY = __name__ == "__main__" and "--registers" in sys.argv
@@ -272,8 +270,7 @@ def _warm(job) -> str | None:
 
 def ptxas_report(dtype, block, warps, lag, hints) -> dict:
     """ptxas's registers and spills of one variant compiled for sm_90a, and the atomics its PTX holds."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from sm90 import compile_sm90, ptxas_info
 
     ptr = {"bfloat16": "*bf16", "float32": "*fp32", "float16": "*fp16"}[dtype]
     ints = ["n_rows", "chunks", "n_col_vecs", "x_row_vecs", "out_row_vecs"]
@@ -282,17 +279,10 @@ def ptxas_report(dtype, block, warps, lag, hints) -> dict:
     )
     signature = {"out_ptr": ptr, "x_ptr": ptr, "stats_ptr": "*fp32", "count_ptr": "*i32"}
     signature |= {name: "i32" for name in ints} | {name: "constexpr" for name in constexprs}
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(4)}  # as a launch specializes torch's pointers
-    source = ASTSource(fn=lagged_softmax_kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(f"{tmp}/k.ptx", "w") as f:
-            f.write(ptx)
-        done = subprocess.run([ptxas, "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                              capture_output=True, text=True, check=True)  # fmt: skip
-    regs = int(re.search(r"Used (\d+) registers", done.stderr).group(1))
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", done.stderr)]
+    ptx = compile_sm90(lagged_softmax_kernel, signature, constexprs, warps)
+    info = ptxas_info(ptx)
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
     ordered = re.findall(r"\b(?:atom|red|ld|st)\.[a-z0-9.]*(?:acquire|release)[a-z0-9.]*", ptx)
     return dict(regs=regs, spill_bytes=sum(spills), ordering=sorted(set(ordered)), cp_async="cp.async" in ptx)
 
