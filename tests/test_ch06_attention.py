@@ -326,6 +326,17 @@ def test_split_row_merges_and_gives_up_with_nan_under_the_interpreter():
     torch.testing.assert_close(out[:, 48:].double(), osm.reference(x.double())[:, 48:], atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
+def test_split_row_rescales_an_empty_chunk_to_zero_under_the_interpreter():
+    """A chunk keeps exp(x - m) and rescales it by exp(m - M) / L. A chunk of -inf (m = -inf) must give 0
+    even when the row's max M is very negative, where exp(0 - M) overflows to inf (0 * inf is NaN)."""
+    x = torch.randn(2, 64) - 1000.0
+    x[:, 48:] = float("-inf")  # the last chunk, the one the interpreter completes
+    out = torch.zeros_like(x)
+    osm._launch(x, out, 16, 4, "split", max_spin=4)
+    assert torch.equal(out[:, 48:], torch.zeros(2, 16))
+
+
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
 @pytest.mark.parametrize("shape", [(1, 7), (9, 301), (300, 5000)])
 def test_prefetch_rows_walk_every_row(shape, dtype):
@@ -350,6 +361,8 @@ def test_split_row_with_empty_chunks_on_the_gpu(shape, block, dtype):
     x = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
     x[1, 3 * block :] = float("-inf")
     x[2, :] = float("-inf")
+    x[3] -= 1000.0  # a very negative row max: exp(0 - M) overflows, the -inf chunk must still give 0
+    x[3, :block] = float("-inf")
     out = _poisoned(shape, dtype)
     osm._launch(x, out, block, 4, "split")
     expected = torch.softmax(x.double(), dim=1)

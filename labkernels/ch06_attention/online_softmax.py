@@ -154,7 +154,10 @@ def _split_row_kernel(
     x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)  # read N
     m = tl.max(x, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
-    total = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
+    # exp(x - m) once, kept for the output: at 2 bytes an element the GPU's special-function unit (exp2, and
+    # the conversions to bfloat16) is nearly as busy as HBM, and a second exp2 an element made it the limit.
+    num = tl.exp2((x - m_safe) * 1.4426950408889634)
+    total = tl.sum(num, axis=0)
     stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
     tl.store(stat, m)
     tl.store(stat + 1, total)
@@ -172,7 +175,11 @@ def _split_row_kernel(
     row_max = tl.max(ms, axis=0)
     row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
     row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
-    out = tl.exp2((x - row_max) * 1.4426950408889634) * (1.0 / row_sum)
+    # exp(x - M) / L = exp(x - m) * exp(m - M) / L. A chunk of -inf has num = 0 and must give 0, not 0 * inf
+    # (exp(0 - M) overflows for a very negative M); a row of -inf (L = 0) still gives NaN, as torch.softmax.
+    rescale = tl.exp2((m_safe - row_max) * 1.4426950408889634) / row_sum
+    rescale = tl.where((m == -float("inf")) & (row_sum > 0), 0.0, rescale)
+    out = num * rescale
     out = tl.where(arrived >= CHUNKS, out, float("nan"))
     tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
