@@ -352,6 +352,23 @@ def test_prefetch_rows_walk_every_row(shape, dtype):
     torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", LANE_DTYPES[1:])
+@pytest.mark.parametrize("shape, pad", [((3, 16), 0), ((9, 1000), 8), ((7, 2000), 0), ((300, 5000), 24)])
+def test_prefetch_words_kernel_on_16_bit_rows(shape, pad, dtype):
+    """16-bit rows of whole 32-bit words take the words kernel (widened in pairs, packed back in pairs; with
+    PTX on the GPU): every row, padded rows included, with a -inf pair at the masked end of a row."""
+    if not ON_GPU and shape[0] * shape[1] > 100_000:
+        pytest.skip("the interpreter at this size: the GPU lane checks it")
+    wide = (torch.randn(shape[0], shape[1] + pad, device=DEVICE) * 4).to(dtype)
+    x = wide[:, : shape[1]]
+    x[1, -2:] = float("-inf")
+    out = _poisoned(shape, dtype)
+    assert osm.vector_width(x, out) % 2 == 0  # the words path
+    osm._launch(x, out, 1 << (shape[1] - 1).bit_length(), 4, "prefetch")  # the whole row
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=atol, rtol=rtol)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

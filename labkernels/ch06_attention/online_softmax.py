@@ -117,12 +117,133 @@ def _prefetch_rows_kernel(
             other=-float("inf"),
         )
         x = current.to(tl.float32)
-        row_max = tl.max(x, axis=0)
-        num = tl.exp2(x * 1.4426950408889634 - row_max * 1.4426950408889634)  # one FFMA an element
+        num = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)
         out = num * (1.0 / tl.sum(num, axis=0))
         tl.store(
             out_ptr + tl.cast(row, tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=in_row
         )
+
+
+# Two 16-bit -inf in one 32-bit word: the `other` of a masked load of words.
+NEG_INF_WORD = {torch.bfloat16: -8323200, torch.float16: -67044352}  # 0xFF80FF80, 0xFC00FC00
+
+
+@triton.jit
+def _widen(w, DTYPE: tl.constexpr):
+    """The two 16-bit elements of each 32-bit word as fp32: (even column, odd column). A bfloat16 is the top
+    half of an fp32, so each is one instruction (a shift, a mask); a float16 is one conversion."""
+    if DTYPE == tl.bfloat16:
+        even = (w << 16).to(tl.float32, bitcast=True)
+        odd = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        even = w.to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
+        odd = (w >> 16).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
+    return even, odd
+
+
+@triton.jit
+def _narrow(even, odd, DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """Round two fp32 results to DTYPE and pack them in one 32-bit word (the even column in the low half).
+    With PTX (the GPU lane), one `cvt.rn.bf16x2.f32` (or `.f16x2`) does both; the interpreter has no PTX."""
+    if PTX:
+        if DTYPE == tl.bfloat16:
+            word = tl.inline_asm_elementwise(
+                "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [even, odd], dtype=tl.int32, is_pure=True, pack=1
+            )
+        else:
+            word = tl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [even, odd], dtype=tl.int32, is_pure=True, pack=1
+            )
+    else:
+        low = even.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        high = odd.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
+        word = (high << 16) | low
+    return word
+
+
+@triton.jit
+def _prefetch_words_kernel(
+    out_ptr,
+    x_ptr,
+    n_rows,
+    n_col_vecs,
+    x_row_vecs,
+    out_row_vecs,
+    BLOCK_SIZE: tl.constexpr,  # the whole row, in elements (a power of two)
+    VEC: tl.constexpr,  # an even number of 16-bit elements: rows are whole 32-bit words
+    NEG_INF: tl.constexpr,  # NEG_INF_WORD of the dtype
+    PTX: tl.constexpr,
+):
+    """`_prefetch_rows_kernel` for 16-bit rows, held as 32-bit words of two elements. Triton keeps a 16-bit
+    tensor one element a register: splitting the loaded pairs, widening each, then rounding and repacking
+    each result cost about 3 instructions an element, and at 2 bytes an element a 32768-wide row spends
+    nearly as many instruction slots as its bytes allow (sm_90 SASS, 32 elements a thread: 432 instructions
+    a thread here against 528). Traffic as a copy: read MN, write MN."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    WORDS: tl.constexpr = BLOCK_SIZE // 2
+    HALF_VEC: tl.constexpr = VEC // 2  # words a vector
+    n_words, x_row_words, out_row_words = (
+        n_col_vecs * HALF_VEC,
+        x_row_vecs * HALF_VEC,
+        out_row_vecs * HALF_VEC,
+    )
+    x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    out_words = out_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    first = tl.program_id(axis=0)
+    step = tl.num_programs(axis=0)
+    words = tl.arange(0, WORDS)
+    in_row = words < n_words
+    upcoming = tl.load(
+        x_words + first.to(tl.int64) * x_row_words + words, mask=in_row & (first < n_rows), other=NEG_INF
+    )
+    for row in range(first, n_rows, step):
+        current = upcoming
+        nxt = row + step  # read N of the next row, issued before this row's registers are used
+        upcoming = tl.load(
+            x_words + tl.cast(nxt, tl.int64) * x_row_words + words,
+            mask=in_row & (nxt < n_rows),
+            other=NEG_INF,
+        )
+        even, odd = _widen(current, DTYPE)
+        row_max = tl.max(tl.maximum(even, odd), axis=0)
+        num_even = tl.exp2(even * 1.4426950408889634 - row_max * 1.4426950408889634)  # one FFMA an element
+        num_odd = tl.exp2(odd * 1.4426950408889634 - row_max * 1.4426950408889634)
+        inv_sum = 1.0 / tl.sum(num_even + num_odd, axis=0)
+        out = _narrow(num_even * inv_sum, num_odd * inv_sum, DTYPE, PTX)
+        tl.store(out_words + tl.cast(row, tl.int64) * out_row_words + words, out, mask=in_row)  # write N
+
+
+@triton.jit
+def _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS: tl.constexpr, MAX_SPIN: tl.constexpr):
+    """A split row's chunk publishes its (m, l) = (max, sum of exp(x - m)), waits for the row's other chunks
+    and merges all: M = max m_c, L = sum l_c exp(m_c - M). Returns the factor exp(m - M) / L that turns this
+    chunk's exp(x - m) into the softmax; NaN if the chunk gave up waiting (never a wrong number)."""
+    row64 = row.to(tl.int64)
+    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
+    tl.store(stat, m)
+    tl.store(stat + 1, total)
+    tl.debug_barrier()  # the stats are written before the arrival is counted (release)
+    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+    spins = arrived * 0
+    while (arrived < CHUNKS) & (spins < MAX_SPIN):
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+        spins += 1
+    tl.debug_barrier()
+    # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
+    idx = tl.arange(0, CHUNKS)
+    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
+    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
+    row_max = tl.max(ms, axis=0)
+    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
+    row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
+    # exp(x - M) / L = exp(x - m) * exp(m - M) / L. A chunk of -inf has num = 0 and must give 0, not 0 * inf
+    # (exp(0 - M) overflows for a very negative M); a row of -inf (L = 0) still gives NaN, as torch.softmax.
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    rescale = tl.exp2((m_safe - row_max) * 1.4426950408889634) / row_sum
+    rescale = tl.where((m == -float("inf")) & (row_sum > 0), 0.0, rescale)
+    # Gave up waiting: NaN for the whole chunk, never a wrong number. Chosen here, on one number: a select on
+    # each bfloat16 of the output costs three instructions an element (unpack, select, repack).
+    return tl.where(arrived >= CHUNKS, rescale, float("nan"))
 
 
 @triton.jit
@@ -159,30 +280,7 @@ def _split_row_kernel(
     # the conversions to bfloat16) is nearly as busy as HBM, and a second exp2 an element made it the limit.
     num = tl.exp2(x * 1.4426950408889634 - m_safe * 1.4426950408889634)  # one FFMA an element
     total = tl.sum(num, axis=0)
-    stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
-    tl.store(stat, m)
-    tl.store(stat + 1, total)
-    tl.debug_barrier()  # the stats are written before the arrival is counted (release)
-    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
-    spins = arrived * 0
-    while (arrived < CHUNKS) & (spins < MAX_SPIN):
-        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
-        spins += 1
-    tl.debug_barrier()
-    # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
-    idx = tl.arange(0, CHUNKS)
-    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
-    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
-    row_max = tl.max(ms, axis=0)
-    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-    row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
-    # exp(x - M) / L = exp(x - m) * exp(m - M) / L. A chunk of -inf has num = 0 and must give 0, not 0 * inf
-    # (exp(0 - M) overflows for a very negative M); a row of -inf (L = 0) still gives NaN, as torch.softmax.
-    rescale = tl.exp2((m_safe - row_max) * 1.4426950408889634) / row_sum
-    rescale = tl.where((m == -float("inf")) & (row_sum > 0), 0.0, rescale)
-    # Gave up waiting: NaN for the whole chunk, never a wrong number. Chosen here, on one number: a select on
-    # each bfloat16 of the output costs three instructions an element (unpack, select, repack).
-    rescale = tl.where(arrived >= CHUNKS, rescale, float("nan"))
+    rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN)
     out = num * rescale
     tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
@@ -230,7 +328,15 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
     args = (n_cols // vec, x.stride(0) // vec, out.stride(0) // vec)
     if mode == "prefetch":
         programs = min(n_rows, sm_count(x.device))  # one program per SM: a 32768-wide row fills its registers
-        _prefetch_rows_kernel[(programs,)](out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, num_warps=warps)
+        if x.element_size() == 2 and vec % 2 == 0:  # 16-bit rows of whole 32-bit words
+            _prefetch_words_kernel[(programs,)](
+                out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(),
+                num_warps=warps,
+            )  # fmt: skip
+        else:
+            _prefetch_rows_kernel[(programs,)](
+                out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, num_warps=warps
+            )
     elif mode == "split":
         chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
         stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
