@@ -444,3 +444,32 @@ def test_best_lagged_variants_one_row_each_all_checked():
     assert {k[:3] for k in keys if k[3] == "shipped"} == shapes  # the shipped kernel beside every shape
     assert {r["variant"] for r in best.rows} == set(bench.LAGGED_VARIANTS)
     assert all(str(r["correct"]) == "True" for r in best.rows)  # every variant is a checked softmax
+
+
+@pytest.mark.parametrize(
+    "name, variants", [("ch06_softmax_words", "WORDS_VARIANTS"), ("ch06_softmax_cluster", "CLUSTER_VARIANTS")]
+)
+def test_best_words_and_cluster_variants_one_row_each_all_checked(name, variants):
+    from labkernels.results import load_reference
+
+    table = load_reference(name)
+    best = bench.best_softmax_variants(table, getattr(bench, variants))
+    shapes = {(r["rows"], r["cols"], r["dtype"]) for r in table.rows}
+    keys = [(r["rows"], r["cols"], r["dtype"], r["variant"]) for r in best.rows]
+    assert len(keys) == len(set(keys))
+    assert {k[:3] for k in keys if k[3] == "shipped"} == shapes  # the shipped kernel beside every shape
+    assert {r["variant"] for r in best.rows} == set(getattr(bench, variants))
+    assert all(str(r["correct"]) == "True" for r in best.rows)  # every variant is a checked softmax
+
+
+def test_softmax_sass_counts_the_words_kernel_leaner():
+    """The shipped instruction counts (gpu_jobs/softmax_sass.py): the words kernel splits no 16-bit pairs
+    (no PRMT) and executes fewer instructions a thread than one element a register, at each warp count."""
+    from labkernels.results import load_reference
+
+    table = load_reference("ch06_softmax_sass")
+    for warps in {r["num_warps"] for r in table.rows if r["kernel"] == "prefetch_words"}:
+        (plain,) = table.where(kernel="prefetch", num_warps=warps).rows
+        (words,) = table.where(kernel="prefetch_words", num_warps=warps).rows
+        assert words["prmt"] == 0 < plain["prmt"]
+        assert words["instructions"] < plain["instructions"]

@@ -163,7 +163,8 @@ def online_softmax_rows(n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps:
     return rows
 
 
-SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144)]
+# The chapter's three widths, and a few ragged wide rows (fewer rows than SMs: below the size that is tuned).
+SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144), (37, 100_008)]
 
 
 # The experiment behind the online softmax's modes, in the order the notebook explains them. The CSV
@@ -185,6 +186,15 @@ EXCHANGE_VARIANTS = (
 # programs normalize the chunk they reduced LAG steps earlier, read again from L2; `shipped` is
 # online_softmax's own choice.
 LAGGED_VARIANTS = ("shipped", "lagged", "lagged_hints")
+# 16-bit rows held as 32-bit words, two elements each (gpu_jobs/softmax_words.py, ch06_softmax_words.csv):
+# whole rows with one element a register (`prefetch`, what float32 rows use) against the words kernel that
+# online_softmax uses for 16-bit rows, and the split kernel against a words version of it.
+WORDS_VARIANTS = ("shipped", "prefetch", "prefetch_words", "split", "split_words")
+# One thread-block cluster a row, in CUDA (gpu_jobs/softmax_cluster.py, ch06_softmax_cluster.csv): the chunks
+# exchange (m, l) through distributed shared memory after a hardware barrier. `cluster` launches one cluster a
+# row; `cluster_persistent` launches the clusters the GPU holds and each walks rows, loading the next while
+# it finishes this one; `plain_` drops the streaming cache hints of the loads and stores.
+CLUSTER_VARIANTS = ("shipped", "cluster", "cluster_persistent", "plain_cluster_persistent")
 
 
 def best_softmax_variants(table: Table, variants: tuple[str, ...] = SOFTMAX_VARIANTS) -> Table:

@@ -384,6 +384,11 @@ def config(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple[int, int, str]
         whole = triton.next_power_of_2(n_cols)
         if whole <= MAX_ONE_BLOCK:
             return whole, max(4, min(16, whole // 1024)), "one_block"
+        # A few wide rows: split them (one read, and programs enough to fill the GPU). The loop has one
+        # program a row: 37 rows would keep 37 SMs busy.
+        for block, warps in ((8192, 4), (16384, 8)):
+            if whole // block <= MAX_CHUNKS:
+                return block, warps, "split"
         return 8192, 8, "loop"
     return _tuned(n_rows, n_cols, dtype)
 
