@@ -163,8 +163,7 @@ def online_softmax_rows(n_rows: int, n_cols: int, dtype: torch.dtype, copy_gbps:
     return rows
 
 
-# The chapter's three widths, and a few ragged wide rows (fewer rows than SMs: below the size that is tuned).
-SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144), (37, 100_008)]
+SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144)]
 
 
 # The experiment behind the online softmax's modes, in the order the notebook explains them. The CSV
