@@ -447,9 +447,14 @@ def test_best_lagged_variants_one_row_each_all_checked():
 
 
 @pytest.mark.parametrize(
-    "name, variants", [("ch06_softmax_words", "WORDS_VARIANTS"), ("ch06_softmax_cluster", "CLUSTER_VARIANTS")]
+    "name, variants",
+    [
+        ("ch06_softmax_words", "WORDS_VARIANTS"),
+        ("ch06_softmax_cluster", "CLUSTER_VARIANTS"),
+        ("ch06_softmax_slots", "SLOTS_VARIANTS"),
+    ],
 )
-def test_best_words_and_cluster_variants_one_row_each_all_checked(name, variants):
+def test_best_experiment_variants_one_row_each_all_checked(name, variants):
     from labkernels.results import load_reference
 
     table = load_reference(name)

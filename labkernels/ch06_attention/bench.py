@@ -194,6 +194,10 @@ WORDS_VARIANTS = ("shipped", "prefetch", "prefetch_words", "split", "split_words
 # row; `cluster_persistent` launches the clusters the GPU holds and each walks rows, loading the next while
 # it finishes this one; `plain_` drops the streaming cache hints of the loads and stores.
 CLUSTER_VARIANTS = ("shipped", "cluster", "cluster_persistent", "plain_cluster_persistent")
+# The exchange as one 64-bit (m, l) word per chunk, polled in place (gpu_jobs/softmax_slots.py,
+# ch06_softmax_slots.csv): one relaxed atomic to publish, and the polled words are the data (no count, no
+# fence, no second load); `split` is the shipped exchange at the same configurations.
+SLOTS_VARIANTS = ("shipped", "split", "split_slots")
 
 
 def best_softmax_variants(table: Table, variants: tuple[str, ...] = SOFTMAX_VARIANTS) -> Table:
