@@ -431,6 +431,11 @@ def _ch06_online_softmax():
         out = poisoned(5, 301)
         _online_softmax_mode(osm, x, out, mode)
         close(out, torch.softmax(x.double(), dim=1), f"online_softmax {mode}")
+    # 16-bit rows of whole 32-bit words (304 columns, 16-byte aligned) take the words kernel in prefetch mode.
+    x = rand(5, 304, dtype=half())
+    out = poisoned(5, 304, dtype=half())
+    _online_softmax_mode(osm, x, out, "prefetch")
+    close(out, torch.softmax(x.double(), dim=1), "online_softmax prefetch, 16-bit words")
 
 
 def _online_softmax_mode(osm, x: torch.Tensor, out: torch.Tensor, mode: str) -> None:
