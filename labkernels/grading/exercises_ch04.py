@@ -63,6 +63,13 @@ def _machines(g):
         yield float(g.randint(100, 8000)), float(g.randint(1, 2000))
 
 
+# How far above cuBLAS's measured time a best-case prediction may sit. The bound uses the copy bandwidth, but
+# a GEMM with a tiny K is nearly all writes of C, and writes alone stream faster than a copy: 1.10x at 1 GiB
+# on the H200 (ch00_read_write_mix), so at 8192 x 8192 x 16 a correct bound sits at about 1.1x cuBLAS's time.
+# A 1.1 margin failed the solution once (the shape was not recorded); a wrong byte or FLOP count is off by 2x.
+BOUND_MARGIN = 1.25
+
+
 @exercise("4.1", "Compute- or memory-bound, and the best-case time", points=3, speed_points=1, timeout_s=120)
 def _grade_4_1(student, g):
     # student(op: dict, bandwidth_gbps, peak_tflops) -> ("compute" | "memory", best-case ms)
@@ -101,7 +108,8 @@ def _grade_4_1(student, g):
             a, b = g.randn(m, k, dtype=torch.bfloat16), g.randn(k, n, dtype=torch.bfloat16)
             measured = timing.time_ms(lambda a=a, b=b: a @ b)
             g.expect(
-                ms <= 1.1 * measured, f"{m}x{n}x{k}: you predict {ms:.4f} ms, cuBLAS took {measured:.4f}"
+                ms <= BOUND_MARGIN * measured,
+                f"{m}x{n}x{k}: you predict {ms:.4f} ms, cuBLAS took {measured:.4f}",
             )
             g.expect(bound == _closed_form(op, bandwidth, peak)[0], f"{m}x{n}x{k}: wrong verdict {bound!r}")
 
