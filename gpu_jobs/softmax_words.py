@@ -3,8 +3,8 @@
 At 2 bytes an element a wide row's softmax spends about as many instruction slots as its bytes allow. Triton
 keeps each bfloat16 in its own register: it splits the loaded pairs (PRMT), widens each (a shift), and rounds
 and repacks each result. Held as int32 words, a bfloat16 widens with one shift or mask and
-`cvt.rn.bf16x2.f32` packs two results in one instruction (labkernels' `_widen`, `_narrow`). sm_90 SASS, 32
-elements a thread, whole-row kernel: 432 instructions a thread against 528.
+`cvt.rn.bf16x2.f32` packs two results in one instruction (labkernels' `_widen`, `_narrow`). Instructions a
+thread, counted from sm_90 SASS: gpu_jobs/softmax_sass.py (labkernels/reference/ch06_softmax_sass.csv).
 
   prefetch  whole rows (labkernels' `_prefetch_rows_kernel` against `_prefetch_words_kernel`, 16 and 32 warps)
   split     a row over several programs exchanging (max, sum) (the shipped `_split_row_kernel` against

@@ -177,8 +177,8 @@ def _prefetch_words_kernel(
     """`_prefetch_rows_kernel` for 16-bit rows, held as 32-bit words of two elements. Triton keeps a 16-bit
     tensor one element a register: splitting the loaded pairs, widening each, then rounding and repacking
     each result cost about 3 instructions an element, and at 2 bytes an element a 32768-wide row spends
-    nearly as many instruction slots as its bytes allow (sm_90 SASS, 32 elements a thread: 432 instructions
-    a thread here against 528). Traffic as a copy: read MN, write MN."""
+    nearly as many instruction slots as its bytes allow (instructions a thread, counted from sm_90 SASS by
+    gpu_jobs/softmax_sass.py: reference/ch06_softmax_sass.csv). Traffic as a copy: read MN, write MN."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     WORDS: tl.constexpr = BLOCK_SIZE // 2
     HALF_VEC: tl.constexpr = VEC // 2  # words a vector
@@ -278,8 +278,8 @@ def _split_row_kernel(
     x = tl.load(x_ptr + row64 * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)  # read N
     m = tl.max(x, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
-    # exp(x - m) once, kept for the output: at 2 bytes an element the GPU's special-function unit (exp2, and
-    # the conversions to bfloat16) is nearly as busy as HBM, and a second exp2 an element made it the limit.
+    # exp(x - m) once, kept for the output and rescaled after the exchange: exponentiating every element again
+    # after the wait added instructions where, at 2 bytes an element, there are few to spare.
     num = tl.exp2((x - m_safe) * 1.4426950408889634)  # x - m first: exact for close values, whatever |m| is
     total = tl.sum(num, axis=0)
     rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN)
@@ -388,7 +388,8 @@ def config(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple[int, int, str]
             return whole, max(4, min(16, whole // 1024)), "one_block"
         # A few wide rows: split them (one read, and programs enough to fill the GPU). The loop has one
         # program a row: 37 rows would keep 37 SMs busy.
-        for block, warps in ((16384, 8), (8192, 4)):  # 37 x 100008 on the H200: 16384 fastest, then loop
+        # 37 x 100008 on the H200: split 0.76-0.80 of copy (ch06_softmax_slots), loop 0.37 (..._cluster)
+        for block, warps in ((16384, 8), (8192, 4)):
             if whole // block <= MAX_CHUNKS:
                 return block, warps, "split"
         return 8192, 8, "loop"
