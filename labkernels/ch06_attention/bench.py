@@ -206,7 +206,8 @@ def best_softmax_variants(table: Table, variants: tuple[str, ...] = SOFTMAX_VARI
     skips the programs' exchange (its result is wrong): the time of the memory traffic and the per-chunk
     work alone, so the distance from it to `tuned` is what the exchange costs."""
     rows = []
-    for shape in sorted({(r["rows"], r["cols"], r["dtype"]) for r in table.rows}, key=lambda s: (s[1], s[2])):
+    shapes = dict.fromkeys((r["rows"], r["cols"], r["dtype"]) for r in table.rows)  # in the CSV's order
+    for shape in sorted(shapes, key=lambda s: (s[1], s[2])):  # a stable sort: not a set's hash order
         group = [r for r in table.rows if (r["rows"], r["cols"], r["dtype"]) == shape]
         for variant in variants:
             runs = [r for r in group if r["variant"] == variant]
