@@ -1,0 +1,175 @@
+"""Chapter 03's matmul epilogue and small-grid configs, side by side against cuBLAS (an experiment).
+
+1. gelu(A @ B + bias) at 4096^3 bf16 (chapter 05's epilogue shape): eager (cuBLAS, then two pointwise
+   kernels), cuBLAS alone (no epilogue), the shipped `matmul_bias_gelu`, and direct launches of the tiled
+   and TMA-persistent kernels per config with three epilogues: bias only, GELU through tl.erf ("gelu_erf",
+   libdevice: ~24 instructions an element on sm_90) and the 16-bit GELU polynomial ("gelu": 18). Configs
+   include 128 x 128 x 64 in 3 stages, whose 96 KiB of shared memory let two programs share an SM, so that
+   one program's epilogue can run while the other's tensor-core loop does.
+2. 1536^3 and 3000 x 5000 x 1000 (no epilogue; the two chapter 04 shapes whose last wave is nearly empty):
+   cuBLAS, the shipped `matmul`, and direct launches of the tiled kernel over configs that fit two or three
+   programs an SM.
+Every output is poisoned (NaN) first and checked against fp64; times are CUDA-graph replays (`graph_ms`)
+and plain calls (`time_ms`).
+
+    python gpu_jobs/epilogue_variants.py --out DIR   # GPU: table on stdout, DIR/results.csv
+    python gpu_jobs/epilogue_variants.py --smoke     # CPU lane (interpreter): tiny fp16/fp32 shapes
+"""
+
+from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
+
+import argparse
+import csv
+import os
+import sys
+import time
+
+import labkernels  # noqa: F401
+import torch
+import triton
+
+from labkernels.ch03_triton import matmul as ch03
+from labkernels.ch05_fusion import epilogue
+from labkernels.lane import on_gpu, sm_count
+from labkernels.timing import graph_ms, time_ms
+
+TOL = 1e-2  # max |error| / max |reference|: bf16 output rounding (8-bit mantissa)
+# (BM, BN, BK, stages, warps)
+TILED = [
+    (128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 8),
+    (128, 128, 64, 3, 8), (128, 128, 64, 3, 4), (128, 128, 32, 4, 4), (128, 64, 64, 3, 4),
+    (64, 128, 64, 3, 4),
+]  # fmt: skip
+TMA = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 64, 2, 8)]
+EPILOGUES = [("bias", True, None), ("gelu_erf", True, "gelu_erf"), ("gelu_poly", True, "gelu")]
+
+
+def tiled_call(a, b, c, bias, cfg, act, has_bias):
+    (M, K), N = a.shape, b.shape[1]
+    bm, bn, bk, stages, warps = cfg
+    meta = dict(HAS_BIAS=has_bias, ACTIVATION=act, INPUT_PRECISION="ieee", BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
+                BLOCK_SIZE_K=bk, GROUP_SIZE_M=8, EVEN_K=K % bk == 0, INDEX_64=False, num_warps=warps,
+                num_stages=stages)  # fmt: skip
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    args = (a, b, c, bias if has_bias else c, M, N, K, *a.stride(), *b.stride(), *c.stride())
+    return lambda: ch03._matmul_tiles[grid](*args, **meta)
+
+
+def tma_call(a, b, c, bias, cfg, act, has_bias):
+    (M, K), N = a.shape, b.shape[1]
+    bm, bn, bk, stages, warps = cfg
+    programs = min(sm_count(a.device), triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    meta = dict(HAS_BIAS=has_bias, ACTIVATION=act, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+                GROUP_SIZE_M=8, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)  # fmt: skip
+    args = (a, b, c, bias if has_bias else c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
+    return lambda: ch03._matmul_tma_persistent[(programs,)](*args, **meta)
+
+
+class Bench:
+    def __init__(self, out_csv, budget_s, rep):
+        self.rows, self.out_csv, self.rep = [], out_csv, rep
+        self.deadline = time.perf_counter() + budget_s
+
+    def over(self):
+        return time.perf_counter() > self.deadline
+
+    def run(self, case, name, make, ref, c, base=None):
+        """make() returns a callable writing c (poisoned first); checked once, then timed."""
+        row = {"case": case, "variant": name}
+        try:
+            fn = make()
+            if c is not None:
+                c.fill_(float("nan"))
+            out = fn()
+            out = c if c is not None else out
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            row["err"], row["ok"] = f"{err:.2e}", "ok" if err <= TOL else "FAIL"
+            row["ms_graph"] = graph_ms(fn, rep=self.rep)
+            row["ms_plain"] = time_ms(fn, rep=self.rep)
+            if base:
+                row["graph_vs_base"] = base["ms_graph"] / row["ms_graph"]
+                row["plain_vs_base"] = base["ms_plain"] / row["ms_plain"]
+        except Exception as exc:  # one variant failing must not stop the others
+            row["ok"], row["err"] = "ERROR", f"{type(exc).__name__}: {str(exc)[:160]}"
+        self.rows.append(row)
+        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)  # fmt: skip
+        self.write()
+        return row
+
+    def write(self):
+        if not self.out_csv:
+            return
+        keys = ["case", "variant", "ok", "err", "ms_graph", "ms_plain", "graph_vs_base", "plain_vs_base"]
+        with open(self.out_csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(self.rows)
+
+
+def epilogue_section(bench, size, dtype, device, tiled, tma):
+    torch.manual_seed(0)
+    M = N = K = size
+    a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
+    bias = torch.randn(N, device=device).to(dtype)
+    ref = epilogue.reference(a, b, bias)
+    ref_bias = a.double() @ b.double() + bias.double()
+    case = f"{size}^3 {str(dtype)[6:]} bias+gelu"
+    eager = bench.run(case, "eager", lambda: lambda: epilogue.eager(a, b, bias), ref, None)
+    bench.run(case, "cublas, no epilogue", lambda: lambda: a @ b, ref_bias - bias.double(), None, eager)
+    bench.run(case, "shipped matmul_bias_gelu", lambda: lambda: epilogue.matmul_bias_gelu(a, b, bias), ref,
+              None, eager)  # fmt: skip
+    c = torch.empty(M, N, device=device, dtype=dtype)
+    for kind, cfgs, maker in (("tiled", tiled, tiled_call), ("tma", tma, tma_call)):
+        for cfg in cfgs:
+            for label, has_bias, act in EPILOGUES:
+                if bench.over():
+                    return
+                name = f"{kind} {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]} {label}"
+                want = ref_bias if act is None else ref
+                make = lambda m=maker, cfg=cfg, act=act, hb=has_bias: m(a, b, c, bias, cfg, act, hb)  # noqa: E731
+                bench.run(case, name, make, want, c, eager)
+
+
+def wave_section(bench, shape, dtype, device, tiled):
+    torch.manual_seed(0)
+    M, N, K = shape
+    a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
+    ref = a.double() @ b.double()
+    case = f"{M}x{N}x{K} {str(dtype)[6:]}"
+    cub = bench.run(case, "cublas", lambda: lambda: a @ b, ref, None)
+    bench.run(case, "shipped matmul", lambda: lambda: ch03.matmul(a, b), ref, None, cub)
+    c = torch.empty(M, N, device=device, dtype=dtype)
+    for cfg in tiled:
+        if bench.over():
+            return
+        name = f"tiled {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}"
+        bench.run(case, name, lambda cfg=cfg: tiled_call(a, b, c, None, cfg, None, False), ref, c, cub)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--budget-s", type=float, default=200)
+    p.add_argument("--rep", type=int, default=50)
+    args = p.parse_args()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    bench = Bench(os.path.join(args.out, "results.csv") if args.out else "", args.budget_s, args.rep)
+    device = "cuda" if on_gpu() else "cpu"
+    if args.smoke:  # the interpreter: correctness of every path on tiny shapes
+        small = [(32, 32, 32, 1, 4)]
+        epilogue_section(bench, 64, torch.float16, device, small, small)
+        wave_section(bench, (48, 80, 40), torch.float32, device, small)
+    else:
+        epilogue_section(bench, 4096, torch.bfloat16, device, TILED, TMA)
+        for shape in ((1536, 1536, 1536), (3000, 5000, 1000)):
+            wave_section(bench, shape, torch.bfloat16, device, TILED)
+    bad = [r for r in bench.rows if r["ok"] != "ok"]
+    print(f"{len(bench.rows)} rows, {len(bad)} failed or errored", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
