@@ -228,6 +228,29 @@ def test_matmul_16bit_epilogue(dtype, activation):
         assert _matmul_error(got, a, b, bias, activation) <= 2 * torch_err + 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])])
+def test_gelu_polynomial_for_16_bit_outputs(dtype):
+    """`_gelu_for_16_bit` (ACTIVATION="gelu_poly") through the tiled kernel as c = gelu(x @ [1]): within
+    one 16-bit step of the correctly rounded GELU everywhere, mostly equal to it; torch's at the ends."""
+    x = torch.cat([torch.linspace(-16, 16, 4001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -30.0, 30.0])])
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    a = torch.cat([x, specials])[:, None].to(dtype).to(DEVICE)
+    b = torch.ones(1, 1, dtype=dtype, device=DEVICE)
+    c = _poisoned((a.shape[0], 1), dtype)
+    meta = dict(HAS_BIAS=False, ACTIVATION="gelu_poly", INPUT_PRECISION="ieee", BLOCK_SIZE_M=32,
+                BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, GROUP_SIZE_M=1, EVEN_K=False, INDEX_64=False)  # fmt: skip
+    m, strides = a.shape[0], (*a.stride(), *b.stride(), *c.stride())
+    matmul_mod._matmul_tiles[(-(-m // 32),)](a, b, c, c, m, 1, 1, *strides, **meta)
+    want = torch.nn.functional.gelu(a.double())
+    finite = want.isfinite().flatten()
+    got, rounded = c.flatten()[finite], want.flatten()[finite].to(dtype)
+    info = torch.finfo(dtype)
+    step = info.eps * rounded.double().abs().clamp_min(info.tiny)  # one ulp (at least the smallest normal's)
+    assert ((got.double() - rounded.double()).abs() <= step).all()
+    assert (got == rounded).float().mean() > 0.99  # the polynomial's 1e-5 error flips only ties' neighbours
+    torch.testing.assert_close(c.flatten()[~finite].double(), want.flatten()[~finite], equal_nan=True)
+
+
 # TMA needs rows 16 bytes apart: N and K multiples of 8 in 16-bit; M is free. 200 is no multiple of 32 or 64.
 @pytest.mark.parametrize("m, n, k", [(1, 8, 8), (97, 136, 200), (130, 72, 40)])
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])])
