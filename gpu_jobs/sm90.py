@@ -9,17 +9,20 @@ import subprocess
 import tempfile
 
 
-def compile_sm90(kernel, signature: dict, constexprs: dict, warps: int, aligned: int = 4) -> str:
+def compile_sm90(
+    kernel, signature: dict, constexprs: dict, warps: int, aligned: int = 4, stages: int | None = None
+) -> str:
     """`kernel`'s PTX for sm_90. The first `aligned` arguments (the pointers) are marked 16-byte aligned, as
     a real launch specializes torch's allocations: without it the loads compile to scalar accesses and the
-    register counts come out too high."""
+    register counts come out too high. `stages`: Triton's num_stages (its default when None)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(aligned)}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    options = {"num_warps": warps} | ({} if stages is None else {"num_stages": stages})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
 def ptxas_info(ptx: str) -> str:
@@ -37,3 +40,28 @@ def ptxas_info(ptx: str) -> str:
             check=True,
         )
     return done.stderr
+
+
+def sass_and_ptxas(ptx: str) -> tuple[str, str]:
+    """`ptx` assembled for sm_90a by Triton's bundled ptxas: the SASS (its bundled cuobjdump) and ptxas's
+    `-v` report (registers, spill stores and loads)."""
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(ptx)
+        info = subprocess.run([f"{tools}/ptxas", "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True, check=True).stderr  # fmt: skip
+        sass = subprocess.run([f"{tools}/cuobjdump", "-sass", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return sass, info
+
+
+def opcodes(sass: str):
+    """One count per instruction line (`/*0120*/  @!P0 LDG.E.128 R4, ...`), by opcode without modifiers."""
+    import collections
+    import re
+
+    found = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M)
+    return collections.Counter(found)

@@ -8,14 +8,11 @@ A static count (every instruction once, loops once), so it compares kernels of o
     python gpu_jobs/softmax_sass.py [labkernels/reference/ch06_softmax_sass.csv]
 """
 
-import collections
 import csv
 import datetime
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU: no interpreter, so no labkernels lane yet
 
@@ -23,7 +20,7 @@ import torch  # noqa: E402
 
 torch.cuda.is_available = lambda: True  # labkernels picks the GPU lane; nothing here launches a kernel
 import triton  # noqa: E402
-from sm90 import compile_sm90  # noqa: E402
+from sm90 import compile_sm90, opcodes, sass_and_ptxas  # noqa: E402
 
 from labkernels.ch06_attention import online_softmax as osm  # noqa: E402
 
@@ -64,21 +61,8 @@ def constexprs(kernel: str, dtype: str, block: int) -> dict:
 
 
 def sass_and_registers(ptx: str) -> tuple[str, int]:
-    tools = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin")
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(f"{tmp}/k.ptx", "w") as f:
-            f.write(ptx)
-        info = subprocess.run([f"{tools}/ptxas", "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                              capture_output=True, text=True, check=True).stderr  # fmt: skip
-        sass = subprocess.run([f"{tools}/cuobjdump", "-sass", f"{tmp}/k.cubin"],
-                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    sass, info = sass_and_ptxas(ptx)
     return sass, int(re.search(r"Used (\d+) registers", info).group(1))
-
-
-def opcodes(sass: str) -> collections.Counter:
-    """One count per instruction line (`/*0120*/  @!P0 LDG.E.128 R4, ...`), by opcode without modifiers."""
-    found = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M)
-    return collections.Counter(found)
 
 
 def main() -> int:

@@ -1,0 +1,89 @@
+"""Instructions a thread in chapter 03's matmul per epilogue, compiled for sm_90 (an H100/H200) on any machine.
+
+Compiles the tiled and TMA-persistent matmul kernels (bf16, the tiles the autotuner keeps at 4096^3) with
+each epilogue: none, bias, bias + ReLU, bias + GELU through tl.erf (what activation="gelu" runs) and bias +
+the 16-bit GELU polynomial (`_gelu_for_16_bit`, ACTIVATION="gelu_poly"). Disassembles each with the
+cuobjdump bundled with Triton and records the SASS instruction count, the extra instructions an element of
+the C tile over the same kernel without an epilogue, ptxas's registers and spill bytes: what
+`ch05_epilogue_sass.csv` records and notebook 05 reads. A static count (each instruction once; the epilogue
+runs once a tile, so its count is what each thread executes there).
+
+    python gpu_jobs/epilogue_sass.py [labkernels/reference/ch05_epilogue_sass.csv]
+"""
+
+import csv
+import datetime
+import os
+import re
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU: no interpreter, so no labkernels lane yet
+
+import torch  # noqa: E402
+
+torch.cuda.is_available = lambda: True  # labkernels picks the GPU lane; nothing here launches a kernel
+import triton  # noqa: E402
+from sm90 import compile_sm90, opcodes, sass_and_ptxas  # noqa: E402
+
+from labkernels.ch03_triton import matmul  # noqa: E402
+
+FIELDS = ["device", "torch", "triton", "cuda", "date", "git", "kernel", "tile", "num_warps", "num_stages",
+          "epilogue", "elements_per_thread", "instructions", "extra_per_element", "registers", "spill_bytes",
+          "mufu"]  # fmt: skip
+EPILOGUES = {  # name: (HAS_BIAS, ACTIVATION)
+    "none": (False, None),
+    "bias": (True, None),
+    "bias + relu": (True, "relu"),
+    "bias + gelu (tl.erf)": (True, "gelu"),
+    "bias + gelu (polynomial)": (True, "gelu_poly"),
+}
+CASES = [("tiled", (128, 256, 64), 8, 4), ("tma_persistent", (128, 256, 64), 8, 3)]  # ch03_matmul's 4096^3
+
+
+def compile_case(kernel: str, tile, warps: int, stages: int, has_bias: bool, activation) -> str:
+    bm, bn, bk = tile
+    meta = {"HAS_BIAS": has_bias, "ACTIVATION": activation, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn,
+            "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8}  # fmt: skip
+    pointers = {name: "*bf16" for name in ("a_ptr", "b_ptr", "c_ptr", "bias_ptr")}
+    sizes = {"M": "i32", "N": "i32", "K": "i32"}
+    if kernel == "tiled":  # rows contiguous: the unit strides are specialized, as a launch on torch tensors
+        strides = {"stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"}
+        consts = meta | {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "INPUT_PRECISION": "ieee"}
+        consts |= {"EVEN_K": True, "INDEX_64": False}
+        return compile_sm90(matmul._matmul_tiles, pointers | sizes | strides, consts, warps, stages=stages)
+    strides = {"stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"}
+    consts = meta | {"NUM_PROGRAMS": 132}
+    return compile_sm90(matmul._matmul_tma_persistent, pointers | sizes | strides, consts, warps, stages=stages)
+
+
+def main() -> int:
+    path = sys.argv[1] if len(sys.argv) > 1 else "labkernels/reference/ch05_epilogue_sass.csv"
+    meta = {"device": "sm_90 (compiled, no GPU)", "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": "", "date": datetime.date.today().isoformat(),
+            "git": os.environ.get("LABKERNELS_GIT_REV", "unknown")}  # fmt: skip
+    rows = []
+    for kernel, tile, warps, stages in CASES:
+        per_thread = tile[0] * tile[1] // (32 * warps)
+        plain = None
+        for name, (has_bias, activation) in EPILOGUES.items():
+            sass, info = sass_and_ptxas(compile_case(kernel, tile, warps, stages, has_bias, activation))
+            ops = opcodes(sass)
+            total = sum(ops.values())
+            plain = total if plain is None else plain  # "none" comes first
+            rows.append(meta | dict(kernel=kernel, tile="x".join(map(str, tile)), num_warps=warps,
+                                    num_stages=stages, epilogue=name, elements_per_thread=per_thread,
+                                    instructions=total, extra_per_element=round((total - plain) / per_thread, 2),
+                                    registers=int(re.search(r"Used (\d+) registers", info).group(1)),
+                                    spill_bytes=int(re.search(r"(\d+) bytes spill stores", info).group(1)),
+                                    mufu=ops["MUFU"]))  # fmt: skip
+            print({k: rows[-1][k] for k in FIELDS[6:]}, flush=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{len(rows)} rows -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
