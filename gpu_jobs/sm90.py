@@ -10,16 +10,19 @@ import tempfile
 
 
 def compile_sm90(
-    kernel, signature: dict, constexprs: dict, warps: int, aligned: int = 4, stages: int | None = None
+    kernel, signature: dict, constexprs: dict, warps: int, aligned=4, stages: int | None = None
 ) -> str:
     """`kernel`'s PTX for sm_90. The first `aligned` arguments (the pointers) are marked 16-byte aligned, as
     a real launch specializes torch's allocations: without it the loads compile to scalar accesses and the
-    register counts come out too high. `stages`: Triton's num_stages (its default when None)."""
+    register counts come out too high. `aligned` may instead name the arguments to mark: pointers, and the
+    integers a launch would find divisible by 16 (sizes and strides of 4096). `stages`: Triton's num_stages
+    (its default when None)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(aligned)}
+    marked = range(aligned) if isinstance(aligned, int) else [kernel.arg_names.index(n) for n in aligned]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in marked}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": warps} | ({} if stages is None else {"num_stages": stages})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]

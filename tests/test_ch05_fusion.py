@@ -361,3 +361,21 @@ def test_int8_path_table_names_the_faster_path_per_m():
     table = bench.int8_path_table(Table(rows + [{"kind": "other", "shape": "1", "impl": "x", "ms": 1.0}]))
     assert [(r["M"], r["faster"]) for r in table.rows] == [(16, "fused"), (128, "dequantize")]
     assert table.rows[1]["dequantize_us"] == pytest.approx(30.0)
+
+
+def test_epilogue_sass_counts_gelu_forms():
+    """The shipped instruction counts (gpu_jobs/epilogue_sass.py, sm_90): the erf GELU is the dear epilogue
+    and spills at the 128 x 256 tile; the polynomial costs fewer instructions an element and spills nothing;
+    a bias or ReLU costs a few."""
+    from labkernels.results import load_reference
+
+    table = load_reference("ch05_epilogue_sass")
+    assert table is not None and len(table) == 10
+    for stages in (3, 4):
+        rows = {r["epilogue"]: r for r in table.where(num_stages=stages).rows}
+        erf, poly = rows["bias + gelu (tl.erf)"], rows["bias + gelu (polynomial)"]
+        assert rows["none"]["extra_per_element"] == 0
+        assert rows["bias + relu"]["extra_per_element"] <= 5
+        assert poly["extra_per_element"] < erf["extra_per_element"]
+        assert poly["spill_bytes"] == 0 < erf["spill_bytes"]
+        assert poly["mufu"] == erf["mufu"]  # one exponential an element in both
