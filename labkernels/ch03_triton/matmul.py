@@ -148,12 +148,14 @@ def _gelu_for_16_bit(x):
     """GELU(x) = x * Phi(x), with Phi(-|x|) = erfc(|x| / sqrt 2) / 2 = 2^P(|x| / sqrt 2): P is a degree-12
     polynomial fit to log2(erfc(z) / 2) on [0, 10.5] (Chebyshev least squares, fp32 coefficients).
 
-    Why not tl.erf: libdevice's erff picks one of two coefficient sets per element, two MOVs per coefficient,
-    about 24 instructions an element in all. Applied to a 128 x 256 fp32 accumulator, 128 elements a thread,
-    that epilogue stalls the tensor cores while it runs. This is 12 FMAs with immediate coefficients and one
-    exp2. Relative error under 1e-5 where |GELU(x)| > 1e-6 (the tests measure it), hundreds of times under a
-    16-bit output's rounding, so the fp32 output keeps tl.erf. Past z = 10.5, 2^P underflows to 0: GELU(-inf)
-    is NaN and GELU(-20) is -0, as with erf.
+    Why not tl.erf: libdevice's erff picks one of two coefficient sets per element, two MOVs per coefficient.
+    On the 128 x 256 x 64 tile (128 accumulator elements a thread) the erf GELU adds 32.5 instructions an
+    element beyond the bias and spills 60 bytes a thread; this form adds 18.1 and spills nothing
+    (reference/ch05_epilogue_sass.csv, sm_90). While an epilogue runs, its SM's tensor cores wait: one program
+    fills an SM at that tile. This is 12 FMAs with immediate coefficients and one exp2. Evaluated in fp32 the
+    fit is within 8e-6 relative where |GELU(x)| > 1e-6, hundreds of times under a 16-bit output's rounding
+    (a test holds every 16-bit output within one step of the correctly rounded GELU), so fp32 outputs keep
+    tl.erf. Past z = 10.5, 2^P underflows to 0: GELU(-inf) is NaN and GELU(-20) is -0, as with erf.
     Not yet what `activation="gelu"` runs: its time on the GPU is not measured (the kernels take it as
     ACTIVATION="gelu_poly", which gpu_jobs/epilogue_variants.py times against tl.erf)."""
     z = tl.minimum(tl.abs(x) * 0.7071067811865476, 10.5)
