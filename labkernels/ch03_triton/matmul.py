@@ -265,6 +265,7 @@ def _matmul_tma_persistent(
     b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [stride_bk, 1], [BLOCK_SIZE_K, BLOCK_SIZE_N])
     c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_cm, 1], [BLOCK_SIZE_M, BLOCK_SIZE_N])
     num_tiles = tl.cdiv(M, BLOCK_SIZE_M) * tl.cdiv(N, BLOCK_SIZE_N)
+    sixteen_bit_out: tl.constexpr = c_ptr.dtype.element_ty != tl.float32
     # flatten=True lets the compiler pipeline across tiles: the next tile's first loads start during this
     # tile's epilogue and store.
     for tile_id in tl.range(tl.program_id(axis=0), num_tiles, NUM_PROGRAMS, flatten=True):
@@ -276,7 +277,6 @@ def _matmul_tma_persistent(
             b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])  # read BK x BN
             acc = tl.dot(a, b, acc)
         offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        sixteen_bit_out: tl.constexpr = c_ptr.dtype.element_ty != tl.float32
         c = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, ACTIVATION, sixteen_bit_out)
         c = c.to(c_ptr.dtype.element_ty)
         c_desc.store([pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N], c)  # write BM x BN, clipped at the edges
