@@ -8,8 +8,10 @@
    include 128 x 128 x 64 in 3 stages, whose 96 KiB of shared memory let two programs share an SM, so that
    one program's epilogue can run while the other's tensor-core loop does.
 2. 1536^3 and 3000 x 5000 x 1000 (no epilogue; the two chapter 04 shapes whose last wave is nearly empty):
-   cuBLAS, the shipped `matmul`, and direct launches of the tiled kernel over configs that fit two or three
-   programs an SM.
+   cuBLAS, the shipped `matmul`, direct launches of the tiled kernel over configs that fit two or three
+   programs an SM, and `_wide_tile_kernel`: a tile 128 + 64 = 192 columns wide, held as two accumulators
+   (Triton's blocks are powers of two). At 1536^3 its 12 x 8 = 96 tiles make one wave on 132 SMs, where
+   128 x 128 tiles make 144 (a full wave and 12 more); cuBLAS picks a 192 x 96 tile (128 tiles) there.
 Every output is poisoned (NaN) first and checked against fp64; times are CUDA-graph replays (`graph_ms`)
 and plain calls (`time_ms`).
 
@@ -28,6 +30,7 @@ import time
 import labkernels  # noqa: F401
 import torch
 import triton
+import triton.language as tl
 
 from labkernels.ch03_triton import matmul as ch03
 from labkernels.ch05_fusion import epilogue
@@ -64,6 +67,54 @@ def tma_call(a, b, c, bias, cfg, act, has_bias):
                 GROUP_SIZE_M=8, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)  # fmt: skip
     args = (a, b, c, bias if has_bias else c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
     return lambda: ch03._matmul_tma_persistent[(programs,)](*args, **meta)
+
+
+@triton.jit
+def _wide_tile_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):  # fmt: skip
+    """C = A @ B (rows contiguous, K a multiple of BLOCK_SIZE_K) in tiles BLOCK_N1 + BLOCK_N2 columns wide:
+    two accumulators, two dots a K step sharing the A tile."""
+    width: tl.constexpr = BLOCK_N1 + BLOCK_N2
+    pid_m, pid_n = ch03._tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, width, GROUP_SIZE_M)
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n1 = pid_n * width + tl.arange(0, BLOCK_N1)
+    offs_n2 = pid_n * width + BLOCK_N1 + tl.arange(0, BLOCK_N2)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :]  # wrapped rows: valid, never stored
+    b1_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n1 % N)[None, :]
+    b2_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n2 % N)[None, :]
+    acc1 = tl.zeros((BLOCK_SIZE_M, BLOCK_N1), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_SIZE_M, BLOCK_N2), dtype=tl.float32)
+    for _ in range(0, K // BLOCK_SIZE_K):
+        a = tl.load(a_ptrs)  # read BM x BK
+        acc1 = tl.dot(a, tl.load(b1_ptrs), acc1)  # read BK x BN1
+        acc2 = tl.dot(a, tl.load(b2_ptrs), acc2)  # read BK x BN2
+        a_ptrs += BLOCK_SIZE_K
+        b1_ptrs += BLOCK_SIZE_K * stride_bk
+        b2_ptrs += BLOCK_SIZE_K * stride_bk
+    rows = offs_m[:, None] < M
+    c_rows = c_ptr + offs_m[:, None] * stride_cm
+    tl.store(c_rows + offs_n1[None, :], acc1.to(c_ptr.dtype.element_ty), mask=rows & (offs_n1[None, :] < N))
+    tl.store(c_rows + offs_n2[None, :], acc2.to(c_ptr.dtype.element_ty), mask=rows & (offs_n2[None, :] < N))
+
+
+# (BM, BN1, BN2, BK, stages, warps)
+WIDE = [(128, 128, 64, 64, 3, 8), (128, 128, 64, 64, 4, 8), (128, 128, 64, 64, 4, 4), (64, 128, 64, 64, 4, 4)]
+
+
+def wide_call(a, b, c, cfg):
+    (M, K), N = a.shape, b.shape[1]
+    bm, bn1, bn2, bk, stages, warps = cfg
+    if K % bk:
+        raise ValueError(f"K = {K} is not a multiple of {bk}")
+    meta = dict(BLOCK_SIZE_M=bm, BLOCK_N1=bn1, BLOCK_N2=bn2, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8, num_warps=warps,
+                num_stages=stages)  # fmt: skip
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn1 + bn2),)
+    args = (a, b, c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
+    return lambda: _wide_tile_kernel[grid](*args, **meta)
 
 
 class Bench:
@@ -132,7 +183,7 @@ def epilogue_section(bench, size, dtype, device, tiled, tma):
                 bench.run(case, name, make, want, c, eager)
 
 
-def wave_section(bench, shape, dtype, device, tiled):
+def wave_section(bench, shape, dtype, device, tiled, wide):
     torch.manual_seed(0)
     M, N, K = shape
     a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
@@ -146,6 +197,11 @@ def wave_section(bench, shape, dtype, device, tiled):
             return
         name = f"tiled {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}"
         bench.run(case, name, lambda cfg=cfg: tiled_call(a, b, c, None, cfg, None, False), ref, c, cub)
+    for cfg in wide:
+        if bench.over():
+            return
+        name = f"wide {cfg[0]}x({cfg[1]}+{cfg[2]})x{cfg[3]} s{cfg[4]} w{cfg[5]}"
+        bench.run(case, name, lambda cfg=cfg: wide_call(a, b, c, cfg), ref, c, cub)
 
 
 def main() -> int:
@@ -162,11 +218,11 @@ def main() -> int:
     if args.smoke:  # the interpreter: correctness of every path on tiny shapes
         small = [(32, 32, 32, 1, 4)]
         epilogue_section(bench, 64, torch.float16, device, small, small)
-        wave_section(bench, (48, 80, 40), torch.float32, device, small)
+        wave_section(bench, (48, 200, 64), torch.float32, device, small, [(32, 32, 16, 32, 1, 4)])
     else:
         epilogue_section(bench, 4096, torch.bfloat16, device, TILED, TMA)
         for shape in ((1536, 1536, 1536), (3000, 5000, 1000)):
-            wave_section(bench, shape, torch.bfloat16, device, TILED)
+            wave_section(bench, shape, torch.bfloat16, device, TILED, WIDE)
     bad = [r for r in bench.rows if r["ok"] != "ok"]
     print(f"{len(bench.rows)} rows, {len(bad)} failed or errored", flush=True)
     return 1 if bad else 0
