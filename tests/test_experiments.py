@@ -1,0 +1,27 @@
+"""The GPU experiments a device session will run next still run: their CPU-lane smoke modes (the interpreter,
+tiny shapes, every variant checked against fp64 with its output poisoned first). Device time is scarce; a
+script broken by a change to the package should fail here, not on the GPU."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import labkernels
+
+ROOT = Path(__file__).resolve().parent.parent
+cpu_lane = pytest.mark.skipif(labkernels.on_gpu(), reason="smoke modes are the CPU lane's (the interpreter)")
+
+
+@cpu_lane
+@pytest.mark.parametrize("script", ["epilogue_variants.py", "int8_variants.py"])
+def test_experiment_smoke_mode_passes(script):
+    env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'gpu_jobs'}"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "gpu_jobs" / script), "--smoke", "--budget-s", "600"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " 0 failed or errored" in done.stdout
