@@ -12,8 +12,8 @@ stored transposed. The scale is applied either to W before the dot (SCALE_IN_LOO
 eager's `w.to(dtype) * scale`) or once to the fp32 accumulator after the K loop (the int8 -> 16-bit
 conversion is exact, so only the product's rounding differs from eager's: it is more accurate).
 
-Timed against cuBLAS on 16-bit weights, eager, chapter 05's dequantising kernel followed by cuBLAS (what
-torch.compile runs for this graph), and chapter 05's `int8_matmul` (auto, fused, dequantize), at
+Timed against cuBLAS on 16-bit weights, eager, chapter 05's dequantising kernel followed by cuBLAS (the
+unfused path with the library's GEMM), and chapter 05's `int8_matmul` (auto, fused, dequantize), at
 M = 16 ... 4096 with N = K = 4096, bf16. Every output poisoned (NaN) first and checked against fp64; times are
 CUDA-graph replays (`graph_ms`) and plain calls (`time_ms`).
 
@@ -143,8 +143,7 @@ def run(bench, m: int, n: int, k: int, dtype, device, configs) -> None:
     case = f"{m}x{n}x{k} {str(dtype)[6:]}"
     cub = bench.run(case, "cublas, 16-bit weights", lambda: lambda: a @ w16, ref, None)
     bench.run(case, "eager", lambda: lambda: prologue.eager(a, w_int8, scale), ref, None, cub)
-    # what torch.compile does for this graph (ch05_fusion: compile ~ cuBLAS + a few microseconds): one
-    # dequantising pass, then the library's GEMM
+    # unfused with the library's GEMM: one dequantising pass (read KN int8, write KN), then cuBLAS
     dequant_cublas = lambda: lambda: a @ prologue.dequantize(w_int8, scale)  # noqa: E731
     bench.run(case, "dequantize + cublas", dequant_cublas, ref, None, cub)
     for path in ("auto", "fused", "dequantize"):
