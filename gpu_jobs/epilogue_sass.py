@@ -1,4 +1,4 @@
-"""Instructions a thread in chapter 03's matmul per epilogue, compiled for sm_90 (an H100/H200) on any machine.
+"""Instructions a thread in chapter 03's matmul per epilogue, compiled for sm_90 (an H100/H200) anywhere.
 
 Compiles the tiled matmul kernel (bf16, the tile the autotuner keeps at 4096^3, in 3 and 4 stages) with
 each epilogue: none, bias, bias + ReLU, bias + GELU through tl.erf (what activation="gelu" runs) and bias +
@@ -11,8 +11,6 @@ runs once a tile, so its count is what each thread executes there).
     python gpu_jobs/epilogue_sass.py [labkernels/reference/ch05_epilogue_sass.csv]
 """
 
-import csv
-import datetime
 import os
 import re
 import sys
@@ -22,8 +20,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU: no interpreter,
 import torch  # noqa: E402
 
 torch.cuda.is_available = lambda: True  # labkernels picks the GPU lane; nothing here launches a kernel
-import triton  # noqa: E402
-from sm90 import compile_sm90, opcodes, sass_and_ptxas  # noqa: E402
+from sm90 import compile_sm90, compiled_meta, opcodes, sass_and_ptxas, write_reference  # noqa: E402
 
 from labkernels.ch03_triton import matmul  # noqa: E402
 
@@ -54,15 +51,14 @@ def compile_case(kernel: str, tile, warps: int, stages: int, has_bias: bool, act
         consts = meta | {"stride_ak": 1, "stride_bn": 1, "stride_cn": 1, "INPUT_PRECISION": "ieee"}
         consts |= {"EVEN_K": True, "INDEX_64": False}
         signature = pointers | sizes | strides  # all multiples of 16 at 4096^3: marked so, as a launch would
-        return compile_sm90(matmul._matmul_tiles, signature, consts, warps, aligned=list(signature), stages=stages)
+        kernel_fn = matmul._matmul_tiles
+        return compile_sm90(kernel_fn, signature, consts, warps, aligned=list(signature), stages=stages)
     raise ValueError(f"no case for kernel {kernel!r}")
 
 
 def main() -> int:
     path = sys.argv[1] if len(sys.argv) > 1 else "labkernels/reference/ch05_epilogue_sass.csv"
-    meta = {"device": "sm_90 (compiled, no GPU)", "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": "", "date": datetime.date.today().isoformat(),
-            "git": os.environ.get("LABKERNELS_GIT_REV", "unknown")}  # fmt: skip
+    meta = compiled_meta()
     rows = []
     for kernel, tile, warps, stages in CASES:
         per_thread = tile[0] * tile[1] // (32 * warps)
@@ -74,16 +70,13 @@ def main() -> int:
             plain = total if plain is None else plain  # "none" comes first
             rows.append(meta | dict(kernel=kernel, tile="x".join(map(str, tile)), num_warps=warps,
                                     num_stages=stages, epilogue=name, elements_per_thread=per_thread,
-                                    instructions=total, extra_per_element=round((total - plain) / per_thread, 2),
+                                    instructions=total,
+                                    extra_per_element=round((total - plain) / per_thread, 2),
                                     registers=int(re.search(r"Used (\d+) registers", info).group(1)),
                                     spill_bytes=int(re.search(r"(\d+) bytes spill stores", info).group(1)),
                                     mufu=ops["MUFU"]))  # fmt: skip
             print({k: rows[-1][k] for k in FIELDS[6:]}, flush=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\r\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"{len(rows)} rows -> {path}")
+    write_reference(path, FIELDS, rows)
     return 0
 
 

@@ -149,6 +149,25 @@ class Bench:
         self.write()
         return row
 
+    @classmethod
+    def from_command_line(cls):
+        """(bench, args) from --out DIR, --smoke, --budget-s, --rep: the experiments' shared options."""
+        p = argparse.ArgumentParser()
+        p.add_argument("--out", default="")
+        p.add_argument("--smoke", action="store_true")
+        p.add_argument("--budget-s", type=float, default=200)
+        p.add_argument("--rep", type=int, default=50)
+        args = p.parse_args()
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+        return cls(os.path.join(args.out, "results.csv") if args.out else "", args.budget_s, args.rep), args
+
+    def verdict(self) -> int:
+        """Prints the count of rows and failures; the exit status (1 if any variant failed or errored)."""
+        bad = [r for r in self.rows if r["ok"] != "ok"]
+        print(f"{len(self.rows)} rows, {len(bad)} failed or errored", flush=True)
+        return 1 if bad else 0
+
     def write(self):
         if not self.out_csv:
             return
@@ -205,15 +224,7 @@ def wave_section(bench, shape, dtype, device, tiled, wide):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", default="")
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--budget-s", type=float, default=200)
-    p.add_argument("--rep", type=int, default=50)
-    args = p.parse_args()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-    bench = Bench(os.path.join(args.out, "results.csv") if args.out else "", args.budget_s, args.rep)
+    bench, args = Bench.from_command_line()
     device = "cuda" if on_gpu() else "cpu"
     if args.smoke:  # the interpreter: correctness of every path on tiny shapes
         small = [(32, 32, 32, 1, 4)]
@@ -223,9 +234,7 @@ def main() -> int:
         epilogue_section(bench, 4096, torch.bfloat16, device, TILED, TMA)
         for shape in ((1536, 1536, 1536), (3000, 5000, 1000)):
             wave_section(bench, shape, torch.bfloat16, device, TILED, WIDE)
-    bad = [r for r in bench.rows if r["ok"] != "ok"]
-    print(f"{len(bench.rows)} rows, {len(bad)} failed or errored", flush=True)
-    return 1 if bad else 0
+    return bench.verdict()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ CUDA-graph replays (`graph_ms`) and plain calls (`time_ms`).
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
 
-import argparse
 import os
 import sys
 
@@ -167,15 +166,7 @@ def main() -> int:
 
     from labkernels.lane import on_gpu
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", default="")
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--budget-s", type=float, default=200)
-    p.add_argument("--rep", type=int, default=50)
-    args = p.parse_args()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-    bench = Bench(os.path.join(args.out, "results.csv") if args.out else "", args.budget_s, args.rep)
+    bench, args = Bench.from_command_line()
     if args.smoke:  # the interpreter: correctness on small fp16 shapes, K a multiple of the step
         for m in (5, 40):
             run(bench, m, 72, 64, torch.float16, "cpu", [(32, 16, 32, 1, 4)])
@@ -183,9 +174,7 @@ def main() -> int:
         device = "cuda" if on_gpu() else "cpu"
         for m in (4096, 1024, 128, 16):
             run(bench, m, 4096, 4096, torch.bfloat16, device, CONFIGS if m >= 128 else SMALL_M_CONFIGS)
-    bad = [r for r in bench.rows if r["ok"] != "ok"]
-    print(f"{len(bench.rows)} rows, {len(bad)} failed or errored", flush=True)
-    return 1 if bad else 0
+    return bench.verdict()
 
 
 if __name__ == "__main__":

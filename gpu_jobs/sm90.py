@@ -54,8 +54,8 @@ def sass_and_ptxas(ptx: str) -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/k.ptx", "w") as f:
             f.write(ptx)
-        info = subprocess.run([f"{tools}/ptxas", "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                              capture_output=True, text=True, check=True).stderr  # fmt: skip
+        ptxas = [f"{tools}/ptxas", "-arch=sm_90a", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"]
+        info = subprocess.run(ptxas, capture_output=True, text=True, check=True).stderr
         sass = subprocess.run([f"{tools}/cuobjdump", "-sass", f"{tmp}/k.cubin"],
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     return sass, info
@@ -68,3 +68,27 @@ def opcodes(sass: str):
 
     found = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M)
     return collections.Counter(found)
+
+
+def compiled_meta() -> dict:
+    """The reference columns of a count compiled here: no device, this machine's torch and triton, today,
+    and $LABKERNELS_GIT_REV."""
+    import datetime
+
+    import torch
+    import triton
+
+    return {"device": "sm_90 (compiled, no GPU)", "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": "", "date": datetime.date.today().isoformat(),
+            "git": os.environ.get("LABKERNELS_GIT_REV", "unknown")}  # fmt: skip
+
+
+def write_reference(path: str, fields: list[str], rows: list[dict]) -> None:
+    """`rows` as a reference CSV (CRLF lines, as every file in labkernels/reference)."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\r\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{len(rows)} rows -> {path}")

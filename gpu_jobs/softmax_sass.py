@@ -8,8 +8,6 @@ A static count (every instruction once, loops once), so it compares kernels of o
     python gpu_jobs/softmax_sass.py [labkernels/reference/ch06_softmax_sass.csv]
 """
 
-import csv
-import datetime
 import os
 import re
 import sys
@@ -20,7 +18,7 @@ import torch  # noqa: E402
 
 torch.cuda.is_available = lambda: True  # labkernels picks the GPU lane; nothing here launches a kernel
 import triton  # noqa: E402
-from sm90 import compile_sm90, opcodes, sass_and_ptxas  # noqa: E402
+from sm90 import compile_sm90, compiled_meta, opcodes, sass_and_ptxas, write_reference  # noqa: E402
 
 from labkernels.ch06_attention import online_softmax as osm  # noqa: E402
 
@@ -67,9 +65,7 @@ def sass_and_registers(ptx: str) -> tuple[str, int]:
 
 def main() -> int:
     path = sys.argv[1] if len(sys.argv) > 1 else "labkernels/reference/ch06_softmax_sass.csv"
-    meta = {"device": "sm_90 (compiled, no GPU)", "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": "", "date": datetime.date.today().isoformat(),
-            "git": os.environ.get("LABKERNELS_GIT_REV", "unknown")}  # fmt: skip
+    meta = compiled_meta()
     rows = []
     for kernel, dtype, block, warps in CASES:
         ptx = compile_sm90(KERNELS[kernel], signature(kernel, dtype), constexprs(kernel, dtype, block), warps)
@@ -82,11 +78,7 @@ def main() -> int:
                                 instructions_per_element=round(total / per_thread, 2), registers=registers,
                                 mufu=ops["MUFU"], prmt=ops["PRMT"]))  # fmt: skip
         print(rows[-1])
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\r\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"{len(rows)} rows -> {path}")
+    write_reference(path, FIELDS, rows)
     return 0
 
 
