@@ -251,6 +251,46 @@ def test_gelu_polynomial_for_16_bit_outputs(dtype):
     torch.testing.assert_close(c.flatten()[~finite].double(), want.flatten()[~finite], equal_nan=True)
 
 
+def test_matmul_gelu_into_16_bit_compiles_the_polynomial():
+    assert matmul_mod._kernel_activation("gelu", torch.float16) == "gelu_poly"
+    assert matmul_mod._kernel_activation("gelu", torch.bfloat16) == "gelu_poly"
+    assert matmul_mod._kernel_activation("gelu", torch.float32) == "gelu"  # 2^-23 steps: erf's accuracy
+    assert matmul_mod._kernel_activation("relu", torch.float16) == "relu"
+    assert matmul_mod._kernel_activation(None, torch.bfloat16) is None
+
+
+def _sizes(n, am, bk, cm, unit=(1, 1, 1)):
+    ak, bn, cn = unit
+    return dict(N=n, stride_am=am, stride_ak=ak, stride_bk=bk, stride_bn=bn, stride_cm=cm, stride_cn=cn)
+
+
+def test_matmul_alignment_told_to_the_tiled_kernel():
+    assert matmul_mod._alignment(_sizes(4096, 4096, 4096, 4096)) == 16  # what Triton would mark itself
+    assert matmul_mod._alignment(_sizes(5000, 1000, 5000, 5000)) == 8  # 3000 x 5000 x 1000: 16-byte rows
+    assert matmul_mod._alignment(_sizes(5000, 1002, 5000, 5000)) == 2
+    assert matmul_mod._alignment(_sizes(4097, 4096, 4097, 4097)) == 1
+    assert matmul_mod._alignment(_sizes(64, 64, 64, 64, unit=(64, 1, 1))) == 1  # a column-major a: no claim
+
+
+def test_matmul_alignment_is_per_call_not_per_key(monkeypatch):
+    """Two calls of one shape whose rows lie 48 and 50 elements apart share a tuned key; each launch must be
+    told its own alignment (a claim of 16 bytes for 100-byte rows would misalign 16-byte copies)."""
+    told = []
+    real_launch = matmul_mod.launch_cache.launch
+    monkeypatch.setattr(
+        matmul_mod.launch_cache, "launch", lambda fn, grid, args, meta: told.append(meta.get("ALIGN"))
+        or real_launch(fn, grid, args, meta)
+    )
+    m, n, k = 37, 40, 44  # K ragged against every block: the loop's last step is the masked one
+    for row_stride in (48, 50):
+        a = torch.randn(m, row_stride, device=DEVICE)[:, :k]
+        b = torch.randn(k, n, device=DEVICE)
+        for _ in range(2):  # tunes or launches the kept winner, then launches it again
+            got = matmul(a, b, kernel="tiled")
+            torch.testing.assert_close(got.double(), matmul_mod.reference(a, b), atol=1e-4, rtol=1e-4)
+    assert told == [8, 2]  # a launcher kept per strides; N = 40 and C's rows: 8; a's rows 48 (16) or 50 (2)
+
+
 # TMA needs rows 16 bytes apart: N and K multiples of 8 in 16-bit; M is free. 200 is no multiple of 32 or 64.
 @pytest.mark.parametrize("m, n, k", [(1, 8, 8), (97, 136, 200), (130, 72, 40)])
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])])

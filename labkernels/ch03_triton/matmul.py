@@ -75,6 +75,8 @@ GPU_CONFIGS = [
     _config(64, 256, 32, stages=4, warps=4),
     _config(128, 64, 64, stages=4, warps=4),
     _config(64, 128, 64, stages=4, warps=4),
+    # 3 programs an SM: 0.76 of cuBLAS at 1536^3 in graph replays, where the autotuner picked one at 0.69
+    _config(64, 128, 64, stages=3, warps=4),
 ]
 # Under the interpreter a config costs per program: two big tiles, so autotuning is quick to watch.
 CPU_CONFIGS = [
@@ -133,7 +135,7 @@ def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, ACTIVATION: tl.c
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]  # read N
     if ACTIVATION == "relu":
         acc = tl.where(acc < 0, 0.0, acc)  # keeps NaN (compiled tl.maximum would not)
-    elif ACTIVATION == "gelu_poly":  # an experiment's, for 16-bit C (gpu_jobs/epilogue_variants.py)
+    elif ACTIVATION == "gelu_poly":  # GELU into a 16-bit C (`_kernel_activation` picks it)
         acc = _gelu_for_16_bit(acc)
     elif ACTIVATION == "gelu":
         acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))  # exact (erf) GELU, as torch's default
@@ -153,8 +155,9 @@ def _gelu_for_16_bit(x):
     fit is within 8e-6 relative where |GELU(x)| > 1e-6, hundreds of times under a 16-bit output's rounding
     (a test holds every 16-bit output within one step of the correctly rounded GELU): for fp16/bf16 C, not
     for fp32. Past z = 10.5, 2^P underflows to 0: GELU(-inf) is NaN and GELU(-20) is -0, as with erf.
-    Not yet what `activation="gelu"` runs: its time on the GPU is not measured (the kernels take it as
-    ACTIVATION="gelu_poly", which gpu_jobs/epilogue_variants.py times against tl.erf)."""
+    What `activation="gelu"` runs for fp16/bf16 C. On the H200 at 4096^3 bf16 (gpu_jobs/epilogue_variants.py)
+    the TMA kernel's 128 x 256 x 64 tile took 0.240 ms with tl.erf and 0.215 ms with this form; with the bias
+    alone, 0.207 ms."""
     z = tl.minimum(tl.abs(x) * 0.7071067811865476, 10.5)
     p = -3.405799253730635e-11
     p = p * z + 2.0836234959631383e-09
@@ -197,7 +200,13 @@ def _matmul_tiles(
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_SIZE_K: no step is ragged, the loads need no mask
     INDEX_64: tl.constexpr,  # an operand or C reaches past 2^31 - 1 elements: int64 offsets
+    ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of this (`_alignment`)
 ):
+    if ALIGN > 1:  # x // ALIGN * ALIGN is x, and the compiler now knows it: loads become 16-byte copies
+        N = N // ALIGN * ALIGN
+        stride_am = stride_am // ALIGN * ALIGN
+        stride_bk = stride_bk // ALIGN * ALIGN
+        stride_cm = stride_cm // ALIGN * ALIGN
     pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     if INDEX_64:  # every offset below is then int64: row * stride cannot wrap
@@ -210,23 +219,26 @@ def _matmul_tiles(
     a_ptrs = a_rows + offs_k[None, :] * stride_ak  # (BM, BK)
     b_ptrs = b_cols + offs_k[:, None] * stride_bk  # (BK, BN)
 
+    # The full K-steps load unmasked: a mask that varies along a row (k < K) caps each load at one element,
+    # as does a row stride not known to be 16 bytes (ALIGN). Held back by both, 3000 x 5000 x 1000 (rows of
+    # 1000 and 5000 elements) took 13x the shipped matmul's time on the H200 (gpu_jobs/epilogue_variants.py).
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+    for k in range(0, K // BLOCK_SIZE_K):
         if INDEX_64:  # from the int64 column index: the int32 step BLOCK_SIZE_K * stride could wrap too
             k_offs = k * BLOCK_SIZE_K + offs_k
             a_ptrs = a_rows + k_offs[None, :] * stride_ak
             b_ptrs = b_cols + k_offs[:, None] * stride_bk
-        if EVEN_K:
-            a = tl.load(a_ptrs)  # read BM x BK
-            b = tl.load(b_ptrs)  # read BK x BN
-        else:  # the last step is ragged: masked lanes load 0 and add nothing
-            k_remaining = K - k * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_remaining, other=0.0)
+        a = tl.load(a_ptrs)  # read BM x BK
+        b = tl.load(b_ptrs)  # read BK x BN
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         if not INDEX_64:
             a_ptrs += BLOCK_SIZE_K * stride_ak
             b_ptrs += BLOCK_SIZE_K * stride_bk
+    if not EVEN_K:  # the ragged last step, once: masked lanes load 0 and add nothing
+        k_offs = (K // BLOCK_SIZE_K) * BLOCK_SIZE_K + offs_k
+        a = tl.load(a_rows + k_offs[None, :] * stride_ak, mask=k_offs[None, :] < K, other=0.0)
+        b = tl.load(b_cols + k_offs[:, None] * stride_bk, mask=k_offs[:, None] < K, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -289,13 +301,30 @@ def _even_k(args: dict) -> bool:
     return args["K"] % args["BLOCK_SIZE_K"] == 0
 
 
+def _tiled_sizes(args: tuple) -> dict:
+    """N and the six strides of a `_matmul_tiles` argument tuple (a, b, c, bias, M, N, K, strides...)."""
+    names = ("N", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn")
+    return dict(zip(names, args[5:6] + args[7:13]))
+
+
+def _alignment(args: dict) -> int:
+    """The largest of 16, 8, 4, 2, 1 that divides N and the row strides of a, b and C (row-major: their
+    other strides 1). Triton marks an integer argument only when it is a multiple of 16, so rows of K = 1000
+    elements (2000 bytes, 16-byte aligned) compile to one-element loads unless the kernel is told: 8 covers 16
+    bytes of a 16-bit dtype. N counts too: a tile of B's columns wraps at N (`% N`)."""
+    if (args["stride_ak"], args["stride_bn"], args["stride_cn"]) != (1, 1, 1):
+        return 1
+    sizes = (args["N"], args["stride_am"], args["stride_bk"], args["stride_cm"])
+    return next(m for m in (16, 8, 4, 2, 1) if all(s % m == 0 for s in sizes))
+
+
 # The autotuned kernels: each config timed on the first call of a key, the fastest kept per key.
 _matmul_kernel = triton.autotune(
     configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION", "INDEX_64"],  # triton adds dtypes
     prune_configs_by={"early_config_prune": _prune_by_shared_memory},
     do_bench=autotune_bench,
-)(triton.heuristics({"EVEN_K": _even_k})(_matmul_tiles))
+)(triton.heuristics({"EVEN_K": _even_k, "ALIGN": _alignment})(_matmul_tiles))
 
 # The same tile shapes; a C tile is staged in shared memory for its TMA store, so 128x256x64 fits 3 stages.
 TMA_CONFIGS = [
@@ -447,8 +476,10 @@ def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple):
         args = (a, b, c, bias_or_c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
     tuned = _tuned_launches.get(key)
     if tuned is not None:  # tuned already: the plain jitted kernel, with the winner's constexprs
-        jitted = _matmul_tiles if kernel == "tiled" else _matmul_tma_persistent
-        return launch_cache.launch(jitted, tuned.grid, args, tuned.meta)  # read MK + KN at best, write MN
+        if kernel == "tiled":  # per call: the key holds the sizes, not the strides
+            meta = tuned.meta | {"ALIGN": _alignment(_tiled_sizes(args))}
+            return launch_cache.launch(_matmul_tiles, tuned.grid, args, meta)  # read MK + KN at best, write MN
+        return launch_cache.launch(_matmul_tma_persistent, tuned.grid, args, tuned.meta)
     _tune(kernel, args, options, key)
     return None
 
@@ -473,6 +504,7 @@ def _tune(kernel: str, args: tuple, options: dict, key: tuple) -> None:
     meta = autotuned.best_config.all_kwargs() | options
     if kernel == "tiled":
         meta["EVEN_K"] = _even_k({"K": K, **meta})
+        meta["ALIGN"] = _alignment(_tiled_sizes(args))
     _tuned_launches[key] = _Tuned(autotuned.best_config, grid(meta), meta)
 
 
@@ -523,6 +555,14 @@ def _launch_key(a, b, bias, activation, input_precision, kernel) -> tuple:
     return (*key, type(activation), activation, type(input_precision), input_precision, type(kernel), kernel)
 
 
+def _kernel_activation(activation: str | None, c_dtype: torch.dtype) -> str | None:
+    """The epilogue the kernels compile: GELU into a 16-bit C takes the polynomial (`_gelu_for_16_bit`), which
+    rounds as tl.erf's form does and was faster on the H200 (reference/ch05_fusion.csv); fp32 C keeps erf."""
+    if activation == "gelu" and c_dtype in (torch.float16, torch.bfloat16):
+        return "gelu_poly"
+    return activation
+
+
 def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tensor, tuple | None]:
     """C, and the key its launch is kept under (None when nothing was launched). Known keys only allocate
     and launch."""
@@ -547,7 +587,7 @@ def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tens
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
     options = {
         "HAS_BIAS": bias is not None,
-        "ACTIVATION": activation,
+        "ACTIVATION": _kernel_activation(activation, c.dtype),
         "INPUT_PRECISION": precision,
         "INDEX_64": needs_int64(a, b),
     }
