@@ -304,7 +304,7 @@ def _even_k(args: dict) -> bool:
 def _tiled_sizes(args: tuple) -> dict:
     """N and the six strides of a `_matmul_tiles` argument tuple (a, b, c, bias, M, N, K, strides...)."""
     names = ("N", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn")
-    return dict(zip(names, args[5:6] + args[7:13]))
+    return dict(zip(names, args[5:6] + args[7:13], strict=True))
 
 
 def _alignment(args: dict) -> int:
@@ -478,8 +478,8 @@ def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple):
     if tuned is not None:  # tuned already: the plain jitted kernel, with the winner's constexprs
         if kernel == "tiled":  # per call: the key holds the sizes, not the strides
             meta = tuned.meta | {"ALIGN": _alignment(_tiled_sizes(args))}
-            return launch_cache.launch(_matmul_tiles, tuned.grid, args, meta)  # read MK + KN at best, write MN
-        return launch_cache.launch(_matmul_tma_persistent, tuned.grid, args, tuned.meta)
+            return launch_cache.launch(_matmul_tiles, tuned.grid, args, meta)  # read MK + KN, write MN
+        return launch_cache.launch(_matmul_tma_persistent, tuned.grid, args, tuned.meta)  # the same bytes
     _tune(kernel, args, options, key)
     return None
 
