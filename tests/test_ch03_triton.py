@@ -1,6 +1,8 @@
 """Chapter 03 kernels: correctness in the lane at hand (the interpreter on CPU), weird shapes, poisoned
 outputs, bad inputs. Sizes stay small on the CPU lane: the interpreter costs ~1-2 ms per program."""
 
+import math
+
 import pytest
 import torch
 
@@ -241,14 +243,21 @@ def test_gelu_polynomial_for_16_bit_outputs(dtype):
                 BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, GROUP_SIZE_M=1, EVEN_K=False, INDEX_64=False)  # fmt: skip
     m, strides = a.shape[0], (*a.stride(), *b.stride(), *c.stride())
     matmul_mod._matmul_tiles[(-(-m // 32),)](a, b, c, c, m, 1, 1, *strides, **meta)
-    want = torch.nn.functional.gelu(a.double())
-    finite = want.isfinite().flatten()
-    got, rounded = c.flatten()[finite], want.flatten()[finite].to(dtype)
+    # x * Phi(x) through erfc: torch's gelu in fp64 is 0.5x(1 + erf), which cancels to -0 below x = -8.3
+    # where bf16 (fp32's exponent range) still holds GELU(-13) = -8e-38.
+    xd = a.double().flatten()
+    want = xd * 0.5 * torch.special.erfc(-xd / math.sqrt(2))
+    finite = want.isfinite()
+    got, rounded = c.flatten()[finite], want[finite].to(dtype)
     info = torch.finfo(dtype)
     step = info.eps * rounded.double().abs().clamp_min(info.tiny)  # one ulp (at least the smallest normal's)
-    assert ((got.double() - rounded.double()).abs() <= step).all()
-    assert (got == rounded).float().mean() > 0.99  # the polynomial's 1e-5 error flips only ties' neighbours
-    torch.testing.assert_close(c.flatten()[~finite].double(), want.flatten()[~finite], equal_nan=True)
+    # A GPU's exp2 flushes fp32 results under 2^-126 to 0 (ex2.approx.ftz): |GELU| < 16 * 2^-126 may be 0.
+    flushed = 16 * torch.finfo(torch.float32).tiny
+    assert ((got.double() - rounded.double()).abs() <= step.clamp_min(flushed)).all()
+    normal = rounded.double().abs() >= flushed
+    assert (got == rounded)[normal].float().mean() > 0.99  # the fit's 1e-5 error flips only ties' neighbours
+    specials = torch.nn.functional.gelu(a.double()).flatten()[~finite]  # +-inf, NaN: torch's answers
+    torch.testing.assert_close(c.flatten()[~finite].double(), specials, equal_nan=True)
 
 
 def test_matmul_gelu_into_16_bit_compiles_the_polynomial():
