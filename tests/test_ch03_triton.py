@@ -268,17 +268,16 @@ def test_matmul_gelu_into_16_bit_compiles_the_polynomial():
     assert matmul_mod._kernel_activation(None, torch.bfloat16) is None
 
 
-def _sizes(n, am, bk, cm, unit=(1, 1, 1)):
-    ak, bn, cn = unit
-    return dict(N=n, stride_am=am, stride_ak=ak, stride_bk=bk, stride_bn=bn, stride_cm=cm, stride_cn=cn)
-
-
 def test_matmul_alignment_told_to_the_tiled_kernel():
-    assert matmul_mod._alignment(_sizes(4096, 4096, 4096, 4096)) == 16  # what Triton would mark itself
-    assert matmul_mod._alignment(_sizes(5000, 1000, 5000, 5000)) == 8  # 3000 x 5000 x 1000: 16-byte rows
-    assert matmul_mod._alignment(_sizes(5000, 1002, 5000, 5000)) == 2
-    assert matmul_mod._alignment(_sizes(4097, 4096, 4097, 4097)) == 1
-    assert matmul_mod._alignment(_sizes(64, 64, 64, 64, unit=(64, 1, 1))) == 1  # a column-major a: no claim
+    align = matmul_mod.row_alignment  # (N, (a's, b's and C's row and column strides))
+    assert align(4096, (4096, 1, 4096, 1, 4096, 1)) == 16  # what Triton would mark by itself
+    assert align(5000, (1000, 1, 5000, 1, 5000, 1)) == 8  # 3000 x 5000 x 1000: 16-byte rows of bf16
+    assert align(5000, (1002, 1, 5000, 1, 5000, 1)) == 2
+    assert align(4097, (4096, 1, 4097, 1, 4097, 1)) == 1
+    assert align(64, (1, 64, 64, 1, 64, 1)) == 1  # a column-major a: no claim
+    named = dict(zip(("stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn"),
+                     (1000, 1, 5000, 1, 5000, 1), strict=True))  # fmt: skip
+    assert matmul_mod._alignment({"N": 5000, **named}) == 8  # the autotuner's heuristic: the same rule
 
 
 def test_matmul_alignment_is_per_call_not_per_key(monkeypatch):
@@ -286,10 +285,12 @@ def test_matmul_alignment_is_per_call_not_per_key(monkeypatch):
     told its own alignment (a claim of 16 bytes for 100-byte rows would misalign 16-byte copies)."""
     told = []
     real_launch = matmul_mod.launch_cache.launch
-    monkeypatch.setattr(
-        matmul_mod.launch_cache, "launch", lambda fn, grid, args, meta: told.append(meta.get("ALIGN"))
-        or real_launch(fn, grid, args, meta)
-    )
+
+    def launch(fn, grid, args, meta):
+        told.append(meta.get("ALIGN"))
+        return real_launch(fn, grid, args, meta)
+
+    monkeypatch.setattr(matmul_mod.launch_cache, "launch", launch)
     m, n, k = 37, 40, 44  # K ragged against every block: the loop's last step is the masked one
     for row_stride in (48, 50):
         a = torch.randn(m, row_stride, device=DEVICE)[:, :k]

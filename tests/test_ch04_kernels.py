@@ -90,6 +90,20 @@ def test_matmul_strided_and_transposed():
         _assert_matmul(matmul(a, b, kernel=kernel), a, b, MATMUL_TOL[torch.float32])
 
 
+@pytest.mark.parametrize("kernel", ["split_k", "stream_k"])
+def test_matmul_rows_aligned_differently_share_a_key(kernel):
+    """One shape, rows 48 then 50 elements apart: the kept winner is launched with each call's alignment
+    (`ch03.row_alignment`: 16, then 2). A claim kept from the first call would misalign the GPU's 16-byte
+    copies on the second. K = 44 ends in a ragged step, the one masked step after the unmasked loop."""
+    m, n, k = 37, 40, 44
+    for row_stride in (48, 50, 48):
+        a = torch.randn(m, row_stride, device=DEVICE)[:, :k]
+        b = torch.randn(k, n, device=DEVICE)
+        extra = {"split_k": 2} if kernel == "split_k" else {}
+        _assert_matmul(matmul(a, b, kernel=kernel, **extra), a, b, MATMUL_TOL[torch.float32])
+    assert splitk.ch03.row_alignment(n, (50, 1, n, 1, n, 1)) == 2
+
+
 def test_matmul_tf32_tolerant():
     """Under the interpreter TF32 may be exact or emulated; on the GPU it rounds to a 10-bit mantissa."""
     a, b = _operands(33, 40, 130)

@@ -233,6 +233,16 @@ def test_dequantize_matches_eager_bitwise_and_refuses_bad_input():
         prologue.int8_matmul(_randn(4, 70), w_int8, scale, path="fast")
 
 
+def test_int8_matmul_rows_aligned_differently_share_a_key():
+    """One shape, a's rows 72 then 66 elements apart and a ragged K (60): each launch is told its own
+    alignment (8, then 2), the kept config is reused, and both match the fp64 reference."""
+    w_int8, scale = prologue.quantize(_randn(60, 48))
+    for row_stride in (72, 66):
+        a = _randn(40, row_stride)[:, :60]
+        got = prologue.int8_matmul(a, w_int8, scale, path="fused")
+        torch.testing.assert_close(got.double(), prologue.reference(a, w_int8, scale), atol=1e-4, rtol=1e-4)
+
+
 def test_int8_matmul_strided_and_bad_inputs():
     a = _randn(40, 100)[:, :64]
     w_int8, scale = prologue.quantize(_randn(64, 48))

@@ -25,3 +25,14 @@ def test_experiment_smoke_mode_passes(script):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert " 0 failed or errored" in done.stdout
+
+
+@cpu_lane
+def test_alignment_experiment_smoke_mode_passes():
+    """gpu_jobs/alignment.py: the tiled kernel with ALIGN = 1 and with the true alignment, both checked."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "gpu_jobs" / "alignment.py"), "--smoke"],
+        cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "'align': 1," in done.stdout and "'align': 4," in done.stdout

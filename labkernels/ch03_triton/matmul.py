@@ -148,10 +148,10 @@ def _gelu_for_16_bit(x):
     polynomial fit to log2(erfc(z) / 2) on [0, 10.5] (Chebyshev least squares, fp32 coefficients).
 
     Why not tl.erf: libdevice's erff picks one of two coefficient sets per element, two MOVs per coefficient.
-    On the 128 x 256 x 64 tile (128 accumulator elements a thread) the erf GELU adds 32.5 instructions an
-    element beyond the bias and spills 60 bytes a thread; this form adds 18.1 and spills nothing
-    (reference/ch05_epilogue_sass.csv, sm_90). While an epilogue runs, its SM's tensor cores wait: one program
-    fills an SM at that tile. This is 12 FMAs with immediate coefficients and one exp2. Evaluated in fp32 the
+    On the 128 x 256 x 64 tile (128 accumulator elements a thread) the erf GELU adds nearly twice this form's
+    instructions an element and spills; this form spills nothing (reference/ch05_epilogue_sass.csv, sm_90).
+    While an epilogue runs, its SM's tensor cores wait: one program fills an SM at that tile. This is 12
+    FMAs with immediate coefficients and one exp2. Evaluated in fp32 the
     fit is within 8e-6 relative where |GELU(x)| > 1e-6, hundreds of times under a 16-bit output's rounding
     (a test holds every 16-bit output within one step of the correctly rounded GELU): for fp16/bf16 C, not
     for fp32. Past z = 10.5, 2^P underflows to 0: GELU(-inf) is NaN and GELU(-20) is -0, as with erf.
@@ -300,21 +300,23 @@ def _even_k(args: dict) -> bool:
     return args["K"] % args["BLOCK_SIZE_K"] == 0
 
 
-def _tiled_sizes(args: tuple) -> dict:
-    """N and the six strides of a `_matmul_tiles` argument tuple (a, b, c, bias, M, N, K, strides...)."""
-    names = ("N", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn")
-    return dict(zip(names, args[5:6] + args[7:13], strict=True))
+def row_alignment(n: int, strides: tuple) -> int:
+    """The largest of 16, 8, 4, 2, 1 that divides N and the row strides of a, b and C, for operands whose
+    rows are contiguous (`strides` = a's, b's and C's (row, column) strides, column strides 1); else 1.
+
+    Triton marks an integer argument only when it is a multiple of 16, so rows of K = 1000 elements (2000
+    bytes, 16-byte aligned) compile to one-element loads unless the kernel is told: 8 covers 16 bytes of
+    a 16-bit dtype. N counts too: a tile of B's columns wraps at N (`% N`)."""
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn = strides
+    if (stride_ak, stride_bn, stride_cn) != (1, 1, 1):
+        return 1
+    return next(m for m in (16, 8, 4, 2, 1) if all(x % m == 0 for x in (n, stride_am, stride_bk, stride_cm)))
 
 
 def _alignment(args: dict) -> int:
-    """The largest of 16, 8, 4, 2, 1 that divides N and the row strides of a, b and C (row-major: their
-    other strides 1). Triton marks an integer argument only when it is a multiple of 16, so rows of K = 1000
-    elements (2000 bytes, 16-byte aligned) compile to one-element loads unless the kernel is told: 8 covers 16
-    bytes of a 16-bit dtype. N counts too: a tile of B's columns wraps at N (`% N`)."""
-    if (args["stride_ak"], args["stride_bn"], args["stride_cn"]) != (1, 1, 1):
-        return 1
-    sizes = (args["N"], args["stride_am"], args["stride_bk"], args["stride_cm"])
-    return next(m for m in (16, 8, 4, 2, 1) if all(s % m == 0 for s in sizes))
+    """`row_alignment` of a `_matmul_tiles` launch's named arguments (the autotuner's heuristic)."""
+    names = ("stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn")
+    return row_alignment(args["N"], tuple(args[name] for name in names))
 
 
 # The autotuned kernels: each config timed on the first call of a key, the fastest kept per key.
@@ -476,7 +478,7 @@ def _launch(kernel: str, a, b, c, bias, options: dict, key: tuple):
     tuned = _tuned_launches.get(key)
     if tuned is not None:  # tuned already: the plain jitted kernel, with the winner's constexprs
         if kernel == "tiled":  # per call: the key holds the sizes, not the strides
-            meta = tuned.meta | {"ALIGN": _alignment(_tiled_sizes(args))}
+            meta = tuned.meta | {"ALIGN": row_alignment(args[5], args[7:13])}
             return launch_cache.launch(_matmul_tiles, tuned.grid, args, meta)  # read MK + KN, write MN
         return launch_cache.launch(_matmul_tma_persistent, tuned.grid, args, tuned.meta)  # the same bytes
     _tune(kernel, args, options, key)
@@ -503,7 +505,7 @@ def _tune(kernel: str, args: tuple, options: dict, key: tuple) -> None:
     meta = autotuned.best_config.all_kwargs() | options
     if kernel == "tiled":
         meta["EVEN_K"] = _even_k({"K": K, **meta})
-        meta["ALIGN"] = _alignment(_tiled_sizes(args))
+        meta["ALIGN"] = row_alignment(args[5], args[7:13])
     _tuned_launches[key] = _Tuned(autotuned.best_config, grid(meta), meta)
 
 

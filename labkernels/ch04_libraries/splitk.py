@@ -154,12 +154,18 @@ def _dot_range(
     stride_am, stride_ak, stride_bk, stride_bn,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    EVEN_K: tl.constexpr, BIG: tl.constexpr, A_VIA_REGISTERS: tl.constexpr,
+    EVEN_K: tl.constexpr, BIG: tl.constexpr, A_VIA_REGISTERS: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """The fp32 sum over K-steps [k_lo, k_hi) of one tile's products. Rows and columns past the edge wrap
     (% M, % N: valid memory, never stored). BIG: some offset can pass 2^31, so offsets are 64-bit.
     A_VIA_REGISTERS: the A tile passes through an elementwise op, so wgmma takes it from registers, in any
-    layout (a 32-bit A that is not K-major would otherwise be turned around in shared memory)."""
+    layout (a 32-bit A that is not K-major would otherwise be turned around in shared memory).
+    ALIGN: N and the row strides are multiples of it (`ch03.row_alignment`; chapter 03's kernel says why).
+    The full K-steps load unmasked and the ragged last one (if in range) masked, once."""
+    if ALIGN > 1:  # x // ALIGN * ALIGN is x, and the compiler now knows it: 16-byte copies
+        N = N // ALIGN * ALIGN
+        stride_am = stride_am // ALIGN * ALIGN
+        stride_bk = stride_bk // ALIGN * ALIGN
     offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
     offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
     offs_k = k_lo * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
@@ -170,24 +176,32 @@ def _dot_range(
     a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak  # (BM, BK)
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn  # (BK, BN)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(k_lo, k_hi):
+    full_steps = K // BLOCK_SIZE_K
+    for k in range(k_lo, tl.minimum(k_hi, full_steps)):
         if BIG:  # recomputed in 64 bits: BLOCK_SIZE_K x a stride may itself pass 2^31
             kk = (k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)).to(tl.int64)
             a_ptrs = a_ptr + offs_am[:, None] * stride_am + kk[None, :] * stride_ak
             b_ptrs = b_ptr + kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-        if EVEN_K:
-            a = tl.load(a_ptrs)  # read BM x BK
-            b = tl.load(b_ptrs)  # read BK x BN
-        else:  # the last K-step is ragged: masked lanes load 0 and add nothing
-            k_remaining = K - k * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_SIZE_K)[None, :] < k_remaining, other=0.0)
-            b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_SIZE_K)[:, None] < k_remaining, other=0.0)
+        a = tl.load(a_ptrs)  # read BM x BK
+        b = tl.load(b_ptrs)  # read BK x BN
         if A_VIA_REGISTERS:
             a = a + 0.0  # not folded away (it turns -0.0 into +0.0): the tile goes through registers
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         if not BIG:
             a_ptrs += BLOCK_SIZE_K * stride_ak
             b_ptrs += BLOCK_SIZE_K * stride_bk
+    if not EVEN_K:
+        if k_hi > full_steps:  # this range holds the ragged last step: masked lanes load 0 and add nothing
+            kk = full_steps * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+            if BIG:
+                kk = kk.to(tl.int64)
+            a_ptrs = a_ptr + offs_am[:, None] * stride_am + kk[None, :] * stride_ak
+            b_ptrs = b_ptr + kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+            a = tl.load(a_ptrs, mask=kk[None, :] < K, other=0.0)
+            b = tl.load(b_ptrs, mask=kk[:, None] < K, other=0.0)
+            if A_VIA_REGISTERS:
+                a = a + 0.0
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     return acc
 
 
@@ -201,6 +215,7 @@ def _split_k_kernel(
     EVEN_K: tl.constexpr, BIG: tl.constexpr,
     MODE: tl.constexpr,  # "direct": one split, store C; "partials": store ws[split]; "atomic": add into ws
     A_VIA_REGISTERS: tl.constexpr = False,
+    ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of it (`ch03.row_alignment`)
 ):  # fmt: skip
     """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT)."""
     pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
@@ -210,7 +225,7 @@ def _split_k_kernel(
     k_hi = tl.minimum(k_lo + steps_per_split, tl.cdiv(K, BLOCK_SIZE_K))
     acc = _dot_range(
         a_ptr, b_ptr, pid_m, pid_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-        INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, A_VIA_REGISTERS,
+        INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, A_VIA_REGISTERS, ALIGN,
     )  # fmt: skip
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -249,6 +264,7 @@ def _stream_k_kernel(
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr, BIG: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
+    ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of it (`ch03.row_alignment`)
 ):  # fmt: skip
     pid = tl.program_id(axis=0)
     steps_per_tile = tl.cdiv(K, BLOCK_SIZE_K)
@@ -265,7 +281,7 @@ def _stream_k_kernel(
         acc = _dot_range(
             a_ptr, b_ptr, pid_m, pid_n, lo - tile_begin, hi - tile_begin, M, N, K,
             stride_am, stride_ak, stride_bk, stride_bn,
-            INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, False,
+            INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, False, ALIGN,
         )  # fmt: skip
         if hi < tile_begin + steps_per_tile:  # a later program finishes this tile: publish the partial
             tl.store(ws_ptr + pid * (BLOCK_SIZE_M * BLOCK_SIZE_N) + slot, acc)  # write BM x BN fp32
@@ -345,8 +361,8 @@ _tuned: dict[tuple, _Tuned] = {}
 
 def _launch(key: tuple, autotuned, jitted, grid_of, args: tuple, options: dict, K: int) -> None:
     tuned = _tuned.get(key)
-    if tuned is not None:
-        jitted[grid_of(tuned.meta)](*args, **tuned.meta)
+    if tuned is not None:  # the key holds the sizes, not the strides: this call's ALIGN
+        jitted[grid_of(tuned.meta)](*args, **(tuned.meta | {"ALIGN": options["ALIGN"]}))
         return
     autotuned[grid_of](*args, **options)  # times every config the first time, then launches the best
     meta = autotuned.best_config.all_kwargs() | options
@@ -395,7 +411,8 @@ def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned, a_via
     chunk = split_chunk(K, split)
     split = triton.cdiv(K, chunk)  # rounding the chunk up may leave fewer splits
     strides = (*a.stride(), *b.stride(), *c.stride())
-    options = {"INPUT_PRECISION": precision, "BIG": big, "A_VIA_REGISTERS": a_via_registers}
+    align = ch03.row_alignment(N, strides)
+    options = {"INPUT_PRECISION": precision, "BIG": big, "A_VIA_REGISTERS": a_via_registers, "ALIGN": align}
     kind = "k_major" if autotuned is _k_major_tuned else "split_k"
     key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big, a_via_registers)
     grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
@@ -421,7 +438,7 @@ def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned, a_via
             options | {"MODE": "partials"},
             K,
         )
-    meta = _tuned[key].meta
+    meta = _tuned[key].meta | {"ALIGN": align}
     if deterministic:
         ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)  # write + read split x MN x 4
         _split_k_kernel[grid(meta)](a, b, c, ws, M, N, K, chunk, *strides, **(meta | {"MODE": "partials"}))
@@ -443,8 +460,10 @@ def _run_stream_k(a, b, c, precision, big) -> None:
     (M, K), N = a.shape, b.shape[1]
     programs = num_sms(a.device)
     ws, flags = _stream_k_buffers(a.device, programs)
-    args = (a, b, c, ws, flags, M, N, K, *a.stride(), *b.stride(), *c.stride())
-    options = {"INPUT_PRECISION": precision, "BIG": big, "NUM_PROGRAMS": programs}
+    strides = (*a.stride(), *b.stride(), *c.stride())
+    args = (a, b, c, ws, flags, M, N, K, *strides)
+    align = ch03.row_alignment(N, strides)
+    options = {"INPUT_PRECISION": precision, "BIG": big, "NUM_PROGRAMS": programs, "ALIGN": align}
     key = ("stream_k", M, N, K, a.dtype, precision, big)
     grid = lambda meta: (min(programs, _tiles(M, N, meta) * triton.cdiv(K, meta["BLOCK_SIZE_K"])),)  # noqa: E731
     _launch(key, _stream_k_tuned, _stream_k_kernel, grid, args, options, K)

@@ -100,7 +100,13 @@ def _int8_matmul_kernel(
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr,
+    ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of it (chapter 03's `row_alignment`)
 ):
+    if ALIGN > 1:  # x // ALIGN * ALIGN is x, and the compiler now knows it: wide copies (chapter 03 says why)
+        N = N // ALIGN * ALIGN
+        stride_am = stride_am // ALIGN * ALIGN
+        stride_wk = stride_wk // ALIGN * ALIGN
+        stride_cm = stride_cm // ALIGN * ALIGN
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -118,19 +124,20 @@ def _int8_matmul_kernel(
     scale = tl.load(scale_ptr + offs_wn).to(tl.float32)  # read N, once per program
 
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)  # read BM x BK
-            w = tl.load(w_ptrs)  # read BK x BN int8: half the bytes of a 16-bit weight
-        else:
-            k_remaining = K - k * BLOCK_SIZE_K
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
-            w = tl.load(w_ptrs, mask=offs_k[:, None] < k_remaining, other=0)
+    for _ in range(0, K // BLOCK_SIZE_K):  # the full K-steps: unmasked loads (chapter 03's kernel says why)
+        a = tl.load(a_ptrs)  # read BM x BK
+        w = tl.load(w_ptrs)  # read BK x BN int8: half the bytes of a 16-bit weight
         # The prologue: dequantise in registers, rounded to a's dtype as `w.to(dtype) * scale` would be.
         b = (w.to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_SIZE_K * stride_ak
         w_ptrs += BLOCK_SIZE_K * stride_wk
+    if not EVEN_K:  # the ragged last step, once: masked lanes load 0 and add nothing
+        k_remaining = K - (K // BLOCK_SIZE_K) * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_remaining, other=0.0)
+        w = tl.load(w_ptrs, mask=offs_k[:, None] < k_remaining, other=0)
+        b = (w.to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -263,18 +270,20 @@ def _fused(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, input_pre
     scale = scale.contiguous()
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
-    args = (a, w_int8, scale, c, M, N, K, *a.stride(), *w_int8.stride(), *c.stride())
+    strides = (*a.stride(), *w_int8.stride(), *c.stride())
+    args = (a, w_int8, scale, c, M, N, K, *strides)
+    align = matmul_mod.row_alignment(N, strides)  # per call: the key holds the sizes, not the strides
     key = (M, N, K, a.dtype, precision)
     tuned = _tuned.get(key)
     if tuned is not None:
         grid, meta = tuned
-        _int8_matmul_kernel[grid](*args, INPUT_PRECISION=precision, **meta)
+        _int8_matmul_kernel[grid](*args, INPUT_PRECISION=precision, ALIGN=align, **meta)
         return c
 
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"]),)
 
-    _int8_matmul_tuned[grid](*args, INPUT_PRECISION=precision)
+    _int8_matmul_tuned[grid](*args, INPUT_PRECISION=precision, ALIGN=align)
     meta = _int8_matmul_tuned.best_config.all_kwargs()
     meta["EVEN_K"] = _even_k({"K": K, **meta})
     _tuned[key] = (grid(meta), meta)
