@@ -72,15 +72,16 @@ def opcodes(sass: str):
 
 def compiled_meta() -> dict:
     """The reference columns of a count compiled here: no device, this machine's torch and triton, today,
-    and $LABKERNELS_GIT_REV."""
+    and the revision."""
     import datetime
 
     import torch
     import triton
 
+    from labkernels.env import git_revision  # $LABKERNELS_GIT_REV, else this checkout's HEAD
+
     return {"device": "sm_90 (compiled, no GPU)", "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": "", "date": datetime.date.today().isoformat(),
-            "git": os.environ.get("LABKERNELS_GIT_REV", "unknown")}  # fmt: skip
+            "cuda": "", "date": datetime.date.today().isoformat(), "git": git_revision()}  # fmt: skip
 
 
 def write_reference(path: str, fields: list[str], rows: list[dict]) -> None:
