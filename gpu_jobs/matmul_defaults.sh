@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The matmul defaults on the H200: GELU into 16-bit C through the polynomial, the tiled kernel told its rows'
-# alignment and its ragged K-step peeled, the 64x128x64 3-stage config. Checks against fp64 (outputs poisoned
-# first), then chapter 04's matmul benchmark (ch04_matmul.csv) and chapter 05's epilogue rows
-# (ch05_epilogue.csv, the matmul_bias_gelu rows of ch05_fusion.csv) to $OUT/matmul_defaults/. ~200 s.
+# alignment and its ragged K-step peeled, the 64x128x64 3-stage config. Checks against fp64 (C's block is
+# NaN-filled and freed just before, which the caching allocator reuses), then chapter 04's matmul benchmark
+# (gpu_jobs/ch04_matmul_bench.sh) and chapter 05's epilogue rows (ch05_epilogue.csv, the matmul_bias_gelu rows
+# of ch05_fusion.csv) to $OUT/matmul_defaults/. ~200 s.
 set -u
 OUT="${OUT:?set OUT to an output folder}"
 DEST="$OUT/matmul_defaults"
@@ -43,14 +44,7 @@ for dtype in (torch.bfloat16, torch.float16):
     print(f"matmul_bias_gelu 4096^3 {dtype} err={err:.2e}", "ok" if err < 1e-2 else "FAIL")
 print("checks:", "all ok" if not bad else f"{bad} FAILED")
 PY
-timeout 100 python -c "
-from labkernels.ch04_libraries import bench_kernels as b
-from labkernels.results import record
-rows = []
-for shape in b.MATMUL_SHAPES:
-    rows += (new := b.matmul_rows(*shape)); b._print_matmul(new); record('ch04_matmul', rows, '$DEST')
-rows += (new := b.tf32_rows()); b._print_matmul(new); record('ch04_matmul', rows, '$DEST')
-"
+OUT="$DEST" bash gpu_jobs/ch04_matmul_bench.sh  # $DEST/ch04_matmul/ch04_matmul.csv
 echo "ch04_matmul: rc=$?"
 timeout 90 python -c "
 from labkernels.ch05_fusion import bench
