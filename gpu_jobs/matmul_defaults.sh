@@ -51,7 +51,8 @@ from labkernels.ch05_fusion import bench
 from labkernels.results import record
 from labkernels.roofline import measure_copy_bandwidth
 rows = bench.epilogue_rows(4096, 4096, 4096, measure_copy_bandwidth())
-for r in rows: print(r['impl'], round(r['ms'], 4), round(r['speedup_vs_eager'], 3), round(r['ratio_vs_compile'], 3))
+for r in rows:
+    print(r['impl'], round(r['ms'], 4), round(r['speedup_vs_eager'], 3), round(r['ratio_vs_compile'], 3))
 record('ch05_epilogue', rows, '$DEST')
 "
 echo "ch05_epilogue: rc=$?"
