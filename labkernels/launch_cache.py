@@ -17,6 +17,13 @@ with every parameter of the kernel in signature order, constexprs included (the 
 stream = torch._C._cuda_getCurrentRawStream(device), device = torch.cuda.current_device(). Global scratch
 (device-side tensor descriptors) is allocated inside `compiled.run`, through `triton.set_allocator`.
 
+`compiled.run` is itself Python (the driver's CudaLauncher.__call__): it allocates scratch, then calls the
+C function `compiled.run.launch`, whose argument order differs between 3.6 (a launcher compiled per
+kernel) and 3.7 (one launcher, given the signature per call). For a kernel with no scratch and no tensor
+descriptors the thin launcher calls that C function itself, with each tensor's address as an int, which
+also spares the C side a driver call per tensor (it translates a tensor's data_ptr() through
+cuPointerGetAttribute). Other kernels, and `LABKERNELS_THIN_LAUNCH=run`, go through `compiled.run`.
+
 Guards: the thin launcher is built only on the GPU lane, for a verified triton version, when the compiled
 kernel's recorded constexprs and 16-byte-divisible integers match the arguments it will replay, and while no
 launch hook (a profiler) is installed; any mismatch or exception means the normal `kernel[grid]` path, for
@@ -27,6 +34,7 @@ triton 3.x); `set_enabled()` does the same at run time.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable
 
 import torch
@@ -46,7 +54,14 @@ def enabled_from_env(environ=os.environ) -> bool:
     return _TRITON in VERIFIED_TRITON or (setting == "force" and _TRITON[0] == 3)
 
 
+def direct_from_env(environ=os.environ) -> bool:
+    """Whether thin launchers call Triton's C launch themselves (the default) or go through compiled.run
+    (LABKERNELS_THIN_LAUNCH=run: the step `ch03_launch` times apart)."""
+    return environ.get("LABKERNELS_THIN_LAUNCH", "1").strip().lower() != "run"
+
+
 _enabled = enabled_from_env()
+_direct = direct_from_env()
 _caches: list[dict] = []  # every KeyedLaunches: emptied when thin launches are switched
 
 
@@ -64,10 +79,13 @@ def enabled() -> bool:
     return _enabled and LANE == "gpu"
 
 
-def set_enabled(flag: bool) -> None:
-    """Thin launches on or off from now on; every cached launcher is dropped."""
-    global _enabled
+def set_enabled(flag: bool, *, direct: bool | None = None) -> None:
+    """Thin launches on or off from now on, and (if given) whether they call Triton's C launch directly or
+    through compiled.run; every cached launcher is dropped."""
+    global _enabled, _direct
     _enabled = bool(flag)
+    if direct is not None:
+        _direct = bool(direct)
     for cache in _caches:
         cache.clear()
 
@@ -152,24 +170,78 @@ def _hooks_idle(runtime) -> bool:
     return True
 
 
-def _thin_launcher(compiled, grid: tuple, full: tuple, n_tensors: int, normal) -> Callable[..., None]:
-    runtime = triton.knobs.runtime
+def _c_launch(compiled) -> Callable | None:
+    """Triton's C launch function for `compiled`, when the thin launcher may call it itself: no Python in
+    front of it that matters (no tensor-descriptor wrapper, no per-call scratch buffer) and a calling
+    convention read for this triton. Else None: the launcher goes through `compiled.run`."""
+    run = compiled.run
+    c_launch = getattr(run, "launch", None)
+    if c_launch is None or isinstance(c_launch, types.FunctionType):  # a Python wrapper (tensor descriptors)
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None  # compiled.run allocates those per launch
+    if _TRITON not in VERIFIED_TRITON:
+        return None
+    return c_launch
+
+
+def _direct_call(compiled, grid: tuple, tail: tuple, device: int, get_stream) -> Callable[[list], None]:
+    """call(pointers): what `compiled.run(...)` ends in, Triton's C launch, with its Python step skipped.
+
+    The tensors go in as integer addresses. Given a tensor, the C launcher calls its data_ptr() and then
+    asks the driver to translate the address (cuPointerGetAttribute), once per tensor per launch; the
+    wrapper has already checked that every tensor lives on this device, so the address is the answer."""
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    c_launch = _c_launch(compiled)
     grid_0, grid_1, grid_2 = (*grid, 1, 1)[:3]
+    flags = (int(run.launch_cooperative_grid), int(run.launch_pdl))
+    if _TRITON == (3, 6):  # a launcher compiled per kernel: scratch pointers, then metadata, then arguments
+
+        def call(pointers):
+            c_launch(grid_0, grid_1, grid_2, get_stream(device), function, *flags, None, None, packed,
+                     None, None, None, *pointers, *tail)  # fmt: skip
+
+    else:  # 3.7: one launcher for every kernel, told the signature on each call
+        annotations, signature = run.arg_annotations, run.kernel_signature
+
+        def call(pointers):
+            c_launch(grid_0, grid_1, grid_2, get_stream(device), function, *flags, packed, None, None, None,
+                     None, None, annotations, signature, (*pointers, *tail))  # fmt: skip
+
+    return call
+
+
+def _thin_launcher(compiled, grid: tuple, full: tuple, n_tensors: int, normal) -> Callable[..., None]:
     tail = full[n_tensors:]  # scalars and constexprs of the first call, in signature order
     get_device, get_stream = _device_and_stream()
     device = get_device()  # the function handle was loaded in this device's context
+    if _direct and _c_launch(compiled) is not None:
+        call = _direct_call(compiled, grid, tail, device, get_stream)
+        return _guarded(lambda tensors: call([t.data_ptr() for t in tensors]), device, normal, "thin")
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    grid_0, grid_1, grid_2 = (*grid, 1, 1)[:3]
+
+    def through_run(tensors):
+        run(grid_0, grid_1, grid_2, get_stream(device), function, packed, None, None, None, *tensors, *tail)
+
+    return _guarded(through_run, device, normal, "thin, through compiled.run")
+
+
+def _guarded(call, device: int, normal, kind: str) -> Callable[..., None]:
+    """launcher(*tensors): call(tensors) unless another device is current or a launch hook is installed
+    (then Triton's path); after an exception, Triton's path for good."""
+    runtime = triton.knobs.runtime
+    get_device = _device_and_stream()[0]
     state = {"broken": False}
 
     def launch(*tensors):
         if state["broken"] or get_device() != device or not _hooks_idle(runtime):
             return normal(*tensors)
         try:
-            stream = get_stream(device)
-            run(grid_0, grid_1, grid_2, stream, function, packed, None, None, None, *tensors, *tail)
+            call(tensors)
         except Exception:  # arguments refused before the launch: Triton's path from now on, with its errors
             state["broken"] = True
             normal(*tensors)
 
-    launch.kind = "thin"
+    launch.kind = kind
     return launch

@@ -30,9 +30,9 @@ SOFTMAX_TOL = {torch.float32: (1e-6, 1e-5), torch.float16: (1e-3, 1e-2), torch.b
 @pytest.fixture(autouse=True)
 def _thin_launches_restored():
     """Each test starts and ends with the setting from the environment, every cached launcher dropped."""
-    launch_cache.set_enabled(launch_cache.enabled_from_env())
+    launch_cache.set_enabled(launch_cache.enabled_from_env(), direct=launch_cache.direct_from_env())
     yield
-    launch_cache.set_enabled(launch_cache.enabled_from_env())
+    launch_cache.set_enabled(launch_cache.enabled_from_env(), direct=launch_cache.direct_from_env())
 
 
 @pytest.fixture
@@ -226,7 +226,81 @@ def test_thin_launcher_calling_convention(monkeypatch):
     launcher("OUT2")
     # grid padded to 3-D, the current stream, no launch metadata or hooks, every argument, constexprs included
     assert runs == [(5, 1, 1, 1234, 7, (4, 1, 0), None, None, None, "OUT2", 10, 64)]
+    assert normal_calls == [] and launcher.kind == "thin, through compiled.run"  # no C launch to call
+
+
+class _Run:
+    """A stand-in for the driver's CudaLauncher: its C `launch` (a callable object, not a Python function)."""
+
+    def __init__(self, global_scratch_size=0, launch=None):
+        self.launches = []
+        self.launch = launch if launch is not None else _Recorder(self.launches)
+        self.global_scratch_size, self.profile_scratch_size = global_scratch_size, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.arg_annotations, self.kernel_signature = "ANNOTATIONS", b"SIG"
+
+    def __call__(self, *args):  # compiled.run's Python step
+        self.launches.append(("through run", *args))
+
+
+class _Recorder:
+    def __init__(self, into):
+        self.into = into
+
+    def __call__(self, *args):
+        self.into.append(args)
+
+
+class _Tensor:
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+
+@pytest.mark.parametrize("version", [(3, 6), (3, 7)])
+def test_thin_launcher_calls_tritons_c_launch_with_addresses(monkeypatch, version):
+    monkeypatch.setattr(launch_cache, "_TRITON", version)
+    run = _Run()
+    launcher, normal_calls = _stand_in(monkeypatch, run)
+    launcher(_Tensor(0xABC0))
+    if version == (3, 6):  # grid, stream, function, flags, scratch, metadata, hooks, then every argument
+        expected = (5, 1, 1, 1234, 7, 0, 1, None, None, (4, 1, 0), None, None, None, 0xABC0, 10, 64)
+    else:  # flags, metadata, hooks, scratch, the signature, then the arguments as one tuple
+        expected = (5, 1, 1, 1234, 7, 0, 1, (4, 1, 0), None, None, None, None, None, "ANNOTATIONS", b"SIG",
+                    (0xABC0, 10, 64))  # fmt: skip
+    assert run.launches == [expected]
     assert normal_calls == [] and launcher.kind == "thin"
+
+
+def test_thin_launcher_goes_through_run_when_the_c_launch_is_not_enough(monkeypatch):
+    monkeypatch.setattr(launch_cache, "_TRITON", (3, 7))
+    scratch = _Run(global_scratch_size=128)  # device-side tensor descriptors: compiled.run allocates them
+    launcher, _ = _stand_in(monkeypatch, scratch)
+    launcher("T")
+    assert scratch.launches[0][:2] == ("through run", 5) and launcher.kind == "thin, through compiled.run"
+
+    def wrapper(*args):  # tensor descriptors unpacked in Python: wrap_handle_tensordesc's `inner`
+        raise AssertionError("not called")
+
+    wrapped = _Run(launch=wrapper)
+    launcher, _ = _stand_in(monkeypatch, wrapped)
+    launcher("T")
+    assert wrapped.launches[0][0] == "through run"
+    monkeypatch.setattr(launch_cache, "_TRITON", (3, 8))  # a calling convention not read
+    assert launch_cache._c_launch(_Compiled(None, _Run())) is None
+
+
+def test_thin_launcher_through_run_when_asked(monkeypatch):
+    monkeypatch.setattr(launch_cache, "_TRITON", (3, 7))
+    launch_cache.set_enabled(True, direct=False)
+    run = _Run()
+    launcher, _ = _stand_in(monkeypatch, run)
+    launcher("T")
+    assert run.launches[0][0] == "through run"
+    assert launch_cache.direct_from_env({"LABKERNELS_THIN_LAUNCH": "run"}) is False
+    assert launch_cache.direct_from_env({}) is True
 
 
 def test_thin_launcher_falls_back_for_good_on_an_exception(monkeypatch):
@@ -300,6 +374,27 @@ def test_softmax_thin_equals_normal_bitwise(shape, dtype, transposed, persistent
 
 @gpu
 @pytest.mark.gpu
+def test_direct_c_launch_equals_the_launch_through_run_bitwise():
+    """The default thin launcher calls Triton's C launch with addresses; through compiled.run it passes the
+    tensors. Same kernel, same result; on another stream too."""
+    x = torch.randn(37, 1000, device=DEVICE).half()
+    launch_cache.set_enabled(True, direct=False)
+    softmax(x)
+    via_run = softmax(x)
+    assert _softmax_launcher(x).kind == "thin, through compiled.run"
+    launch_cache.set_enabled(True, direct=True)
+    softmax(x)
+    assert _softmax_launcher(x).kind == "thin"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        direct = softmax(x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(direct, via_run) and torch.equal(softmax(x), via_run)
+
+
+@gpu
+@pytest.mark.gpu
 def test_softmax_thin_launch_goes_to_the_current_stream():
     """A CUDA graph captures only what is launched on its capture stream: replaying it must recompute."""
     x = torch.randn(48, 512, device=DEVICE)
@@ -347,7 +442,9 @@ def test_matmul_thin_equals_normal_bitwise(mnk, dtype, with_bias, activation, ke
     assert _matmul_launcher(a, b, bias, activation, kernel=kernel).kind == "normal"
     launch_cache.set_enabled(True)
     first = call()
-    assert _matmul_launcher(a, b, bias, activation, kernel=kernel).kind == "thin"
+    kind = _matmul_launcher(a, b, bias, activation, kernel=kernel).kind
+    # the TMA kernel's device-side descriptors need scratch memory, which compiled.run allocates
+    assert kind == "thin" or (kernel == "tma_persistent" and kind == "thin, through compiled.run")
     second = call()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -210,6 +210,27 @@ def test_flash_attention_backward_large(causal):
     _check_gradients(2, 4, 1000, 64, torch.bfloat16, causal)
 
 
+def test_backward_configs_nest_their_blocks():
+    """dK/dV's loops start at its key block, dQ's end at its query block: each needs the other size to divide
+    its own, or the causal diagonal would be cut mid-block."""
+    assert all(n % m == 0 for m, n, _, _ in fa.BWD_DKDV_CONFIGS)
+    assert all(m % n == 0 for m, n, _, _ in fa.BWD_DQ_CONFIGS)
+    for head_dim in fa.HEAD_DIMS:
+        dkdv, dq = fa._bwd_default(head_dim)
+        assert dkdv[1] % dkdv[0] == 0 and dq[0] % dq[1] == 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("head_dim", "causal"), [(128, False), (64, True)])
+def test_flash_attention_backward_tuned(head_dim, causal):
+    """From TUNE_FROM query rows the backward runs timed configs: gradients still match fp64."""
+    q = torch.empty(1, 16, 4096, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    dkdv, dq = fa.bwd_config(q, causal)
+    assert dkdv in fa.BWD_DKDV_CONFIGS and dq in fa.BWD_DQ_CONFIGS
+    _check_gradients(1, 16, 4096, head_dim, torch.bfloat16, causal)
+
+
 def test_naive_attention_matches_sdpa():
     q, k, v = _qkv(1, 2, 33, 64, torch.float32)
     for causal in (False, True):

@@ -311,16 +311,25 @@ def _thin_off(fn):
     return fn
 
 
+def _through_run(fn):
+    """Mark a step to be timed with thin launchers that go through compiled.run (LABKERNELS_THIN_LAUNCH=run):
+    Triton's Python step before its C launch, and tensors the C side translates with a driver call each."""
+    fn.through_run = True
+    return fn
+
+
 def _steps_rows(op: str, steps: dict) -> list[dict]:
     """One row per step, each timed on its own, back to back (`timing.host_us`)."""
     rows = []
     for step, fn in steps.items():
-        launch_cache.set_enabled(not getattr(fn, "thin_off", False) and launch_cache.enabled_from_env())
+        enabled = not getattr(fn, "thin_off", False) and launch_cache.enabled_from_env()
+        direct = not getattr(fn, "through_run", False) and launch_cache.direct_from_env()
+        launch_cache.set_enabled(enabled, direct=direct)
         try:
             fn()  # a first call under this setting caches its launcher outside the timed loop
             us = timing.host_us(fn)
         finally:
-            launch_cache.set_enabled(launch_cache.enabled_from_env())
+            launch_cache.set_enabled(launch_cache.enabled_from_env(), direct=launch_cache.direct_from_env())
         rows.append({"section": "breakdown", "op": f"{op}: {step}", "host_us": us})
     return rows
 
@@ -336,6 +345,7 @@ def softmax_breakdown_rows() -> list[dict]:
     out, plan = softmax_mod._prepare(x, None, None, False, None, True)
     args, meta = softmax_mod._launch_arguments(x, out, plan)
     grid = (triton.cdiv(x.shape[0], plan.block_m),)
+    contiguous = torch.contiguous_format
 
     def checks_and_plan():
         softmax_mod._check(x)
@@ -350,10 +360,14 @@ def softmax_breakdown_rows() -> list[dict]:
             softmax_mod._launch_key(x, None, None, False, None, True)
         ),
         "checks + plan (first call of a shape)": checks_and_plan,
-        "allocate the output (torch.empty)": lambda: torch.empty(x.shape, device=x.device, dtype=x.dtype),
+        "allocate the output (torch.empty_like)": lambda: torch.empty_like(x, memory_format=contiguous),
+        "allocate the output, torch.empty(shape, device=, dtype=)": lambda: torch.empty(
+            x.shape, device=x.device, dtype=x.dtype
+        ),
         "Triton's launch (kernel[grid](...))": lambda: softmax_mod._softmax_kernel[grid](*args, **meta),
         f"cached launcher alone ({launcher.kind})": lambda: launcher(out, x),
         "full call": lambda: softmax(x),
+        "full call, thin launch through compiled.run": _through_run(lambda: softmax(x)),
         "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": _thin_off(lambda: softmax(x)),
         "torch.softmax": lambda: torch.softmax(x, dim=-1),
     }
@@ -387,10 +401,11 @@ def matmul_breakdown_rows(kernel: str = "tiled") -> list[dict]:
             matmul_mod._launch_key(a, b, None, None, "ieee", kernel)
         ),
         "checks + kernel choice (first call of a shape)": checks_and_choice,
-        "allocate the output (torch.empty)": lambda: torch.empty((M, N), device=a.device, dtype=a.dtype),
+        "allocate the output (new_empty)": lambda: a.new_empty((M, N)),
         "Triton's launch (kernel[grid](...))": lambda: jitted[tuned.grid](*args, **tuned.meta),
         f"cached launcher alone ({known.launcher.kind})": lambda: known.launcher(a, b, c, c),
         "full call": call,
+        "full call, thin launch through compiled.run": _through_run(lambda: call()),
         "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": _thin_off(lambda: call()),
         "torch.matmul (cuBLAS)": lambda: a @ b,
     }

@@ -574,7 +574,7 @@ def _matmul(a, b, bias, activation, input_precision, kernel) -> tuple[torch.Tens
     except Exception:  # not tensors, unhashable options, tensors without storage: the checks say so
         fast_key = known = None
     if known is not None:
-        c = torch.empty(known.shape, device=a.device, dtype=a.dtype)
+        c = a.new_empty(known.shape)  # a's dtype and device, without parsing them
         bias_or_c = c if bias is None else bias if known.contiguous_bias else bias.contiguous()
         known.launcher(a, b, c, bias_or_c)  # read MK + KN at best, write MN
         return c, known.key

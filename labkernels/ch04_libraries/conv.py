@@ -285,7 +285,7 @@ def conv2d_nhwc(
     except Exception:  # not tensors, unhashable options, tensors without storage: the checks say so
         fast_key = known = None
     if known is not None:  # checked before: only allocate and launch
-        y = torch.empty(known.shape, device=x.device, dtype=x.dtype)
+        y = x.new_empty(known.shape)  # x's dtype and device, without parsing them
         bias_or_y = y if bias is None else bias if known.contiguous_bias else bias.contiguous()
         known.launcher(x, w, bias_or_y, y)  # read x, w; write y
         return y

@@ -76,7 +76,10 @@ def breakdown_rows(n: int = 4096, calls: int = 2000) -> list[dict]:
         kernel[grid](x, a, b, out, n, BLOCK_SIZE=block, INT64=int64, num_warps=warps)
 
     steps = {
-        "input checks (check_elementwise)": lambda: check_elementwise("mul_add_sigmoid", x, a, b, out=out),
+        "input checks (check_elementwise)": lambda: check_elementwise("mul_add_sigmoid", x, a, b),
+        "input checks with out= (adds the overlap check)": lambda: check_elementwise(
+            "mul_add_sigmoid", x, a, b, out=out
+        ),
         "allocate the output (torch.empty_like)": lambda: torch.empty_like(x),
         "Triton launch (kernel[grid](...))": launch_only,
         "the whole call (mul_add_sigmoid)": lambda: pointwise.mul_add_sigmoid(x, a, b),
