@@ -71,21 +71,27 @@ def graph_ms(fn: Callable[[], object], *, rep: int = 100) -> float:
     return time_ms(fn, rep=rep)
 
 
-def host_us(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 100) -> float:
+def host_us(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 100, blocks: int = 5) -> float:
     """Host time per call of `fn()` in microseconds: `calls` back-to-back calls, with no wait for the GPU in
-    between, divided by `calls`. This is the Python and launch cost, as long as each call's GPU work is
-    shorter than it (use small inputs); otherwise the launch queue fills up and this times the GPU instead."""
-    if calls < 1 or warmup < 0:
-        raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
+    between, timed in `blocks` runs of consecutive calls; the median of the runs' per-call times. This is the
+    Python and launch cost, as long as each call's GPU work is shorter than it (use small inputs); otherwise
+    the launch queue fills up and this times the GPU instead. The median, because one run can catch a pause
+    that is not the call's (a garbage collection, another thread's work) and a mean would carry it."""
+    if calls < 1 or warmup < 0 or blocks < 1:
+        raise ValueError(f"calls and blocks must be >= 1 and warmup >= 0, got {calls}, {blocks}, {warmup}")
     for _ in range(warmup):
         fn()
     _synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
+    blocks = min(blocks, calls)
+    per_call = []
+    for b in range(blocks):
+        n = calls // blocks + (b < calls % blocks)
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per_call.append((time.perf_counter() - start) / n * 1e6)
     _synchronize()
-    return elapsed / calls * 1e6
+    return statistics.median(per_call)
 
 
 def _synchronize() -> None:

@@ -95,6 +95,72 @@ def test_chain_n_ops_checked():
             pointwise.chain(x, x, bad)
 
 
+@pytest.mark.parametrize(
+    ("op", "make", "call"),
+    [
+        ("mul_add_sigmoid", lambda: (_randn(1000), _randn(1000), _randn(1000)), pointwise.mul_add_sigmoid),
+        ("chain", lambda: (_randn(1000), _randn(1000)), lambda x, y: pointwise.chain(x, y, 6)),
+    ],
+)
+def test_pointwise_known_key_skips_the_checks_and_computes_right(monkeypatch, op, make, call):
+    inputs = make()
+    call(*inputs)  # the first call of the key: checked, then its launcher kept
+    checks = []
+    monkeypatch.setattr(pointwise, "check_elementwise", lambda *a, **k: checks.append(a[0]))
+    fresh = make()  # same key, other values and storage
+    got = call(*fresh)
+    assert checks == []
+    reference = {"mul_add_sigmoid": pointwise.reference_mul_add_sigmoid}.get(
+        op, lambda x, y: pointwise.reference_chain(x, y, 6)
+    )
+    _close(got, reference(*(t.double() for t in fresh)), POINTWISE_TOL[torch.float32])
+    call(*(t[:999] for t in make()))  # another length: another key, checked
+    assert checks == [op]
+
+
+def test_pointwise_errors_still_come_after_a_key_is_known():
+    x, y = _randn(64), _randn(64)
+    pointwise.mul_add_sigmoid(x, y, y)
+    pointwise.chain(x, y, 3)
+    with pytest.raises(RuntimeError, match="require grad"):
+        pointwise.mul_add_sigmoid(x.clone().requires_grad_(), y, y)
+    with pytest.raises(ValueError, match="n_ops"):
+        pointwise.chain(x, y, True)  # equal to 1 as a key, refused by the checks
+    with pytest.raises(ValueError, match="overlaps"):
+        buf = _randn(128)
+        pointwise.chain(buf[:64], buf[:64], 3, out=buf[32:96])  # out= always takes the checked path
+    with torch.no_grad():  # under no_grad an input that requires grad is fine: another key
+        got = pointwise.mul_add_sigmoid(x.clone().requires_grad_(), y, y)
+    _close(got, pointwise.reference_mul_add_sigmoid(x.double(), y.double(), y.double()), (1e-6, 1e-6))
+
+
+@pytest.mark.gpu
+@gpu
+def test_pointwise_thin_equals_normal_bitwise():
+    from labkernels import launch_cache
+
+    x, y = _randn(5000, dtype=torch.bfloat16), _randn(5000, dtype=torch.bfloat16)
+    cases = [
+        (lambda: pointwise.mul_add_sigmoid(x, y, y), pointwise._launch_key("mul_add_sigmoid", x, y, y)),
+        (lambda: pointwise.chain(x, y, 9), pointwise._launch_key(("chain", int, 9), x, y)),
+    ]
+    try:
+        for call, key in cases:
+            launch_cache.set_enabled(False)
+            expected = call()
+            launch_cache.set_enabled(True)
+            call()  # keeps the thin launcher
+            assert pointwise._launches[key].kind == "thin"
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # launched on the current stream, after x's producer
+                on_side = call()
+            torch.cuda.current_stream().wait_stream(side)
+            assert torch.equal(call(), expected) and torch.equal(on_side, expected)
+    finally:
+        launch_cache.set_enabled(launch_cache.enabled_from_env(), direct=launch_cache.direct_from_env())
+
+
 @cpu_lane
 def test_bf16_refused_on_cpu_lane():
     x = _randn(10).bfloat16()
@@ -403,3 +469,15 @@ def test_epilogue_variants_reference_backs_the_polynomial_default():
     for tile in ("tiled 128x256x64 s3 w8", "tma 128x256x64 s3 w8"):
         assert ms[f"{tile} bias"] < ms[f"{tile} gelu_poly"] < ms[f"{tile} gelu_erf"]
     assert all(float(r["err"]) <= 1e-2 for r in table.rows)
+
+
+def test_launch_breakdown_restores_thin_launches():
+    """The breakdown times one step with thin launches off; the setting from the environment comes back."""
+    from labkernels import launch_cache
+    from labkernels.ch05_fusion import launch
+
+    rows = launch.breakdown_rows(n=64, calls=2)
+    steps = [r["step"] for r in rows]
+    assert "the whole call, a known key, thin launches off" in steps and len(set(steps)) == len(steps)
+    assert all(r["host_us"] > 0 for r in rows)
+    assert launch_cache._enabled == launch_cache.enabled_from_env()

@@ -5,8 +5,9 @@ the host, not HBM, sets the pace, and fusion's byte savings are invisible. `host
 call (`labkernels.timing.host_us`: back-to-back calls on tiny inputs, no wait for the GPU) of the same op
 four ways: eager torch (one launch per op), torch.compile (one launch for the fused kernel, plus guards and a
 Python wrapper), torch.compile with `mode="reduce-overhead"` (the whole graph replayed as a CUDA graph: one
-launch from the host, whatever the number of kernels), and the labkernels kernel (Python checks, an
-allocation, then Triton's launcher). `breakdown_rows` takes the labkernels call apart step by step.
+launch from the host, whatever the number of kernels), and the labkernels kernel (for a key seen before, a
+dict lookup, an allocation and a cached launcher: `labkernels.launch_cache`). `breakdown_rows` takes the
+labkernels call apart step by step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from labkernels import timing
+from labkernels import launch_cache, timing
 from labkernels.ch03_triton.vector_add import check_elementwise
 from labkernels.ch05_fusion import pointwise
 from labkernels.lane import DEVICE, on_gpu
@@ -64,8 +65,10 @@ def host_rows(n: int = 4096, calls: int = 2000) -> list[dict]:
 
 
 def breakdown_rows(n: int = 4096, calls: int = 2000) -> list[dict]:
-    """The labkernels mul_add_sigmoid call, step by step: its checks, the allocation, the Triton launch of a
-    jitted kernel, and the whole call. Each step is timed on its own, back to back."""
+    """The labkernels mul_add_sigmoid call, step by step: the checks a key's first call (or any call with
+    out=) makes, the allocation, Triton's launch of the jitted kernel, and whole calls: of a known key (a
+    cached thin launcher), of a known key with thin launches off, and with out=. Each step is timed on its
+    own, back to back."""
     x, a, b = (torch.randn(n, device=DEVICE) for _ in range(3))
     out = torch.empty_like(x)
     block, warps, int64 = pointwise.launch_config(n)
@@ -75,6 +78,14 @@ def breakdown_rows(n: int = 4096, calls: int = 2000) -> list[dict]:
     def launch_only():
         kernel[grid](x, a, b, out, n, BLOCK_SIZE=block, INT64=int64, num_warps=warps)
 
+    def call():
+        return pointwise.mul_add_sigmoid(x, a, b)
+
+    def call_thin_off():
+        return pointwise.mul_add_sigmoid(x, a, b)
+
+    call_thin_off.thin_off = True
+
     steps = {
         "input checks (check_elementwise)": lambda: check_elementwise("mul_add_sigmoid", x, a, b),
         "input checks with out= (adds the overlap check)": lambda: check_elementwise(
@@ -82,7 +93,17 @@ def breakdown_rows(n: int = 4096, calls: int = 2000) -> list[dict]:
         ),
         "allocate the output (torch.empty_like)": lambda: torch.empty_like(x),
         "Triton launch (kernel[grid](...))": launch_only,
-        "the whole call (mul_add_sigmoid)": lambda: pointwise.mul_add_sigmoid(x, a, b),
+        "the whole call, a known key (cached thin launcher)": call,
+        "the whole call, a known key, thin launches off": call_thin_off,
+        "the whole call with out= (checked every time)": lambda: pointwise.mul_add_sigmoid(x, a, b, out=out),
         "eager torch, one op (torch.sigmoid)": lambda: torch.sigmoid(x),
     }
-    return [{"step": step, "host_us": timing.host_us(fn, calls=calls)} for step, fn in steps.items()]
+    rows = []
+    for step, fn in steps.items():
+        launch_cache.set_enabled(not getattr(fn, "thin_off", False) and launch_cache.enabled_from_env())
+        try:
+            fn()  # a key's first call (checked) outside the timed loop
+            rows.append({"step": step, "host_us": timing.host_us(fn, calls=calls)})
+        finally:
+            launch_cache.set_enabled(launch_cache.enabled_from_env())
+    return rows
