@@ -2,7 +2,7 @@
 # Host cost per call of chapter 03's softmax and matmul against torch's (issue 14), on the GPU:
 # 1. tests/test_ch03_launch.py on the GPU lane (thin launches bitwise equal to Triton's, on the current
 #    stream, LABKERNELS_THIN_LAUNCH=0), under `timeout 90`;
-#    and the conv's thin-launch test (tests/test_ch04_kernels.py -k thin);
+#    the conv's and chapter 05's pointwise thin-launch tests;
 # 2. the ch03_launch benchmark (headline rows and the step-by-step breakdown), under `timeout 180`;
 #    the CSV goes to $OUT/ch03_launch/ch03_launch.csv;
 # 3. chapter 05's per-call table (ch05_launch), under `timeout 240`, to $OUT/ch03_launch/ch05_launch.csv.
@@ -23,6 +23,8 @@ triton $("$PY" -c 'import triton; print(triton.__version__)' 2>/dev/null)"
 
 timeout 90 "$PY" -m pytest -q -p no:cacheprovider -rfEs --junitxml="$DIR/tests.xml" tests/test_ch03_launch.py \
     "tests/test_ch04_kernels.py::test_conv_thin_equals_normal_bitwise_on_any_stream_and_in_a_graph" \
+    tests/test_ch05_fusion.py::test_pointwise_thin_equals_normal_bitwise \
+    tests/test_ch05_fusion.py::test_launch_breakdown_restores_thin_launches \
     >"$DIR/tests.log" 2>&1
 rc=$?
 echo "  tests (GPU lane): exit $rc: $(grep -E "(passed|failed|error)" "$DIR/tests.log" | tail -1)"
