@@ -170,11 +170,15 @@ def _known_launcher(key, out):
 
 
 def _launch_and_keep(kernel, key, n: int, tensors: tuple, meta: dict, keep: bool) -> None:
+    """Launch; with `keep`, also build and keep the key's launcher (a call with out= builds none: its
+    checks run every time, and building a launcher costs more than one launch)."""
     block, warps, int64 = launch_config(n)
     meta = meta | {"BLOCK_SIZE": block, "INT64": int64, "num_warps": warps}
-    launcher = launch_cache.launch(kernel, (triton.cdiv(n, block),), (*tensors, n), meta)
+    grid = (triton.cdiv(n, block),)
     if keep:
-        _launches[key()] = launcher
+        _launches[key()] = launch_cache.launch(kernel, grid, (*tensors, n), meta)
+    else:
+        kernel[grid](*tensors, n, **meta)
 
 
 def mul_add_sigmoid(
