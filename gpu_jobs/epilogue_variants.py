@@ -45,6 +45,13 @@ TILED = [
     (64, 128, 64, 3, 4),
 ]  # fmt: skip
 TMA = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 64, 2, 8)]
+# --warp-specialize: the TMA kernel with Triton's warp specialization (a producer warp group issuing the TMA
+# loads; on sm_90 a 4-warp 128 x 128 config compiles to 12 warps, two consumer groups) against without it
+TMA_WS = [(128, 256, 64, 3, 8, False), (128, 128, 64, 4, 4, False)] + [
+    (*shape, stages, warps, True)
+    for shape, stages, warps in [((128, 128, 64), 3, 4), ((128, 128, 64), 4, 4), ((128, 256, 64), 3, 4),
+                                 ((128, 128, 64), 3, 8), ((128, 256, 64), 3, 8), ((64, 128, 64), 4, 4)]
+]  # fmt: skip
 EPILOGUES = [("bias", True, None), ("gelu_erf", True, "gelu"), ("gelu_poly", True, "gelu_poly")]
 
 
@@ -61,10 +68,11 @@ def tiled_call(a, b, c, bias, cfg, act, has_bias):
 
 def tma_call(a, b, c, bias, cfg, act, has_bias):
     (M, K), N = a.shape, b.shape[1]
-    bm, bn, bk, stages, warps = cfg
+    bm, bn, bk, stages, warps, *ws = cfg  # a sixth field: warp_specialize
     programs = min(sm_count(a.device), triton.cdiv(M, bm) * triton.cdiv(N, bn))
     meta = dict(HAS_BIAS=has_bias, ACTIVATION=act, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                GROUP_SIZE_M=8, NUM_PROGRAMS=programs, num_warps=warps, num_stages=stages)  # fmt: skip
+                GROUP_SIZE_M=8, NUM_PROGRAMS=programs, WARP_SPECIALIZE=bool(ws and ws[0]), num_warps=warps,
+                num_stages=stages)  # fmt: skip
     args = (a, b, c, bias if has_bias else c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
     return lambda: ch03._matmul_tma_persistent[(programs,)](*args, **meta)
 
@@ -155,6 +163,7 @@ class Bench:
         p = argparse.ArgumentParser()
         p.add_argument("--out", default="")
         p.add_argument("--smoke", action="store_true")
+        p.add_argument("--warp-specialize", action="store_true", help="TMA with and without warp groups")
         p.add_argument("--budget-s", type=float, default=200)
         p.add_argument("--rep", type=int, default=50)
         args = p.parse_args()
@@ -178,7 +187,7 @@ class Bench:
             w.writerows(self.rows)
 
 
-def epilogue_section(bench, size, dtype, device, tiled, tma):
+def epilogue_section(bench, size, dtype, device, tiled, tma, epilogues=EPILOGUES):
     torch.manual_seed(0)
     M = N = K = size
     a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
@@ -193,10 +202,11 @@ def epilogue_section(bench, size, dtype, device, tiled, tma):
     c = torch.empty(M, N, device=device, dtype=dtype)
     for kind, cfgs, maker in (("tiled", tiled, tiled_call), ("tma", tma, tma_call)):
         for cfg in cfgs:
-            for label, has_bias, act in EPILOGUES:
+            for label, has_bias, act in epilogues:
                 if bench.over():
                     return
-                name = f"{kind} {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]} {label}"
+                ws = " ws" if len(cfg) > 5 and cfg[5] else ""
+                name = f"{kind} {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}{ws} {label}"
                 want = ref_bias if act is None else ref
                 make = lambda m=maker, cfg=cfg, act=act, hb=has_bias: m(a, b, c, bias, cfg, act, hb)  # noqa: E731
                 bench.run(case, name, make, want, c, eager)
@@ -223,13 +233,36 @@ def wave_section(bench, shape, dtype, device, tiled, wide):
         bench.run(case, name, lambda cfg=cfg: wide_call(a, b, c, cfg), ref, c, cub)
 
 
+def tma_section(bench, shape, dtype, device, tma):
+    """No epilogue: cuBLAS, the shipped matmul and the TMA kernel per config."""
+    torch.manual_seed(0)
+    M, N, K = shape
+    a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
+    ref = a.double() @ b.double()
+    case = f"{M}x{N}x{K} {str(dtype)[6:]}"
+    cub = bench.run(case, "cublas", lambda: lambda: a @ b, ref, None)
+    bench.run(case, "shipped matmul", lambda: lambda: ch03.matmul(a, b), ref, None, cub)
+    c = torch.empty(M, N, device=device, dtype=dtype)
+    for cfg in tma:
+        if bench.over():
+            return
+        ws = " ws" if len(cfg) > 5 and cfg[5] else ""
+        name = f"tma {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}{ws}"
+        bench.run(case, name, lambda cfg=cfg: tma_call(a, b, c, None, cfg, None, False), ref, c, cub)
+
+
 def main() -> int:
     bench, args = Bench.from_command_line()
     device = "cuda" if on_gpu() else "cpu"
     if args.smoke:  # the interpreter: correctness of every path on tiny shapes
         small = [(32, 32, 32, 1, 4)]
-        epilogue_section(bench, 64, torch.float16, device, small, small)
+        epilogue_section(bench, 64, torch.float16, device, small, small + [(32, 32, 32, 1, 4, True)])
         wave_section(bench, (48, 200, 64), torch.float32, device, small, [(32, 32, 16, 32, 1, 4)])
+    elif args.warp_specialize:
+        keep = [e for e in EPILOGUES if e[0] != "gelu_erf"]
+        epilogue_section(bench, 4096, torch.bfloat16, device, [], TMA_WS, keep)
+        for shape in ((1536, 1536, 1536), (8192, 8192, 8192)):
+            tma_section(bench, shape, torch.bfloat16, device, TMA_WS)
     else:
         epilogue_section(bench, 4096, torch.bfloat16, device, TILED, TMA)
         for shape in ((1536, 1536, 1536), (3000, 5000, 1000)):

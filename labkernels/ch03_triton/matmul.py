@@ -265,6 +265,7 @@ def _matmul_tma_persistent(
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,  # one per SM
+    WARP_SPECIALIZE: tl.constexpr = False,  # Triton splits the loop over warp groups (TMA loads; MMA)
 ):
     # Each descriptor is written once per program, on the device (into scratch from `_descriptor_scratch`),
     # which keeps the host's side of a launch as light as the tiled kernel's.
@@ -274,7 +275,9 @@ def _matmul_tma_persistent(
     num_tiles = tl.cdiv(M, BLOCK_SIZE_M) * tl.cdiv(N, BLOCK_SIZE_N)
     # flatten=True lets the compiler pipeline across tiles: the next tile's first loads start during this
     # tile's epilogue and store.
-    for tile_id in tl.range(tl.program_id(axis=0), num_tiles, NUM_PROGRAMS, flatten=True):
+    for tile_id in tl.range(
+        tl.program_id(axis=0), num_tiles, NUM_PROGRAMS, flatten=True, warp_specialize=WARP_SPECIALIZE
+    ):
         pid_m, pid_n = _tile_coordinates(tile_id, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
