@@ -265,7 +265,11 @@ def _matmul_tma_persistent(
     BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,  # one per SM
-    WARP_SPECIALIZE: tl.constexpr = False,  # Triton splits the loop over warp groups (TMA loads; MMA)
+    # Triton's automatic warp specialization of the tile loop (a warp group issuing the TMA loads, others
+    # the MMAs and the epilogue). No config turns it on: on the H200 it was no faster (128x256x64 with the
+    # GELU epilogue at 4096^3 within 2% either way, 128x128 configs slower; gpu_jobs/epilogue_variants.py
+    # --warp-specialize).
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     # Each descriptor is written once per program, on the device (into scratch from `_descriptor_scratch`),
     # which keeps the host's side of a launch as light as the tiled kernel's.
