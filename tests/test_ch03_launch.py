@@ -332,6 +332,15 @@ def test_replayable_refuses_other_constexprs(monkeypatch):
     assert not launch_cache._replayable(divisible, jit, ("OUT", 32))  # an argument short
 
 
+def test_tma_configs_carry_every_constexpr_the_launcher_does_not_pass():
+    """A kept launcher replays the tuned config's constexprs by name: one left to its default would not be
+    found, and the launch would fall back to Triton's path for good."""
+    passed = {"HAS_BIAS", "ACTIVATION", "NUM_PROGRAMS"}  # `_tune`'s options for the TMA kernel
+    constexprs = set(matmul_mod._matmul_tma_persistent.arg_names[10:])
+    for config in matmul_mod.TMA_CONFIGS + matmul_mod.CPU_TMA_CONFIGS:
+        assert constexprs <= set(config.kwargs) | passed, constexprs - set(config.kwargs) - passed
+
+
 # --- GPU lane: thin and normal launches, bitwise -----------------------------------------------------------
 
 SOFTMAX_CASES = [

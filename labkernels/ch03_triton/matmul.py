@@ -334,9 +334,18 @@ _matmul_kernel = triton.autotune(
     do_bench=autotune_bench,
 )(triton.heuristics({"EVEN_K": _even_k, "ALIGN": _alignment})(_matmul_tiles))
 
+
+def _tma_config(m: int, n: int, k: int, stages: int, warps: int, group: int = 8) -> triton.Config:
+    """A TMA kernel config: every constexpr the launcher does not pass is in it, warp specialization off (a
+    launcher kept per key replays exactly these)."""
+    config = _config(m, n, k, stages=stages, warps=warps, group=group)
+    config.kwargs["WARP_SPECIALIZE"] = False
+    return config
+
+
 # The same tile shapes; a C tile is staged in shared memory for its TMA store, so 128x256x64 fits 3 stages.
 TMA_CONFIGS = [
-    _config(*shape, stages=stages, warps=warps)
+    _tma_config(*shape, stages=stages, warps=warps)
     for shape, stages, warps in [
         ((128, 256, 64), 3, 8),
         ((256, 128, 64), 3, 8),
@@ -346,7 +355,7 @@ TMA_CONFIGS = [
         ((64, 128, 64), 4, 4),
     ]
 ]
-CPU_TMA_CONFIGS = [_config(32, 32, 32, stages=1, warps=4, group=4)]
+CPU_TMA_CONFIGS = [_tma_config(32, 32, 32, stages=1, warps=4, group=4)]
 _matmul_tma_kernel = triton.autotune(
     configs=TMA_CONFIGS if LANE == "gpu" else CPU_TMA_CONFIGS,
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION"],  # tensor dtypes are added by triton
