@@ -296,3 +296,48 @@ def test_timed_calls_start_their_clock_behind_gpu_work_so_launch_latency_is_not_
     ms = worker._timed(lambda x: order.append("answer"), (1,), {})
     assert ms == 0.05
     assert order == [f"busy {child.GPU_BUSY_CYCLES}", "record start", "answer", "record end", "synchronize"]
+
+
+class _KernelClient:
+    """A stand-in for nbclient's NotebookClient: fails per `script` ("start": before any cell runs, "cell":
+    after the first cell ran), then runs every code cell."""
+
+    script: list = []
+    starts = 0
+
+    def __init__(self, nb, **_):
+        self.nb = nb
+
+    def execute(self, **_):
+        type(self).starts += 1
+        failure = self.script.pop(0) if self.script else None
+        if failure == "start":
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        for i, cell in enumerate(c for c in self.nb.cells if c.cell_type == "code"):
+            cell.execution_count = i + 1
+            if failure == "cell":
+                raise RuntimeError("the kernel stopped answering")
+
+
+@pytest.mark.parametrize(
+    ("script", "starts", "problem"),
+    [
+        (["start"], 2, None),  # a kernel that never started: started again, and the notebook runs
+        (["start"] * 5, 3, "Kernel died before replying"),  # at most KERNEL_STARTS attempts
+        (["cell"], 1, "the kernel stopped answering"),  # a cell ran: never run twice
+    ],
+)
+def test_a_kernel_that_fails_to_start_is_started_again(tmp_path, monkeypatch, script, starts, problem):
+    import nbclient
+
+    from labkernels.grading import notebooks
+
+    monkeypatch.setattr(nbclient, "NotebookClient", _KernelClient)
+    monkeypatch.setattr(_KernelClient, "script", list(script))
+    monkeypatch.setattr(_KernelClient, "starts", 0)
+    monkeypatch.setattr(notebooks, "kill_descendants", lambda: 0)  # this process's children are pytest's
+    cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("y = 2")]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    got = notebooks.execute_notebook(nb, tmp_path, 10, tmp_path / "submitted.jsonl")
+    assert _KernelClient.starts == starts
+    assert (got is None) if problem is None else (problem in got)

@@ -197,12 +197,29 @@ def _read_submissions(path: Path, chapter: str) -> tuple[dict[str, dict], list[s
 
 
 TIME_LIMIT = "the notebook exceeded its time limit"
+# A kernel that dies before it answers (several starting at once under -j, a port taken between its choice
+# and its bind) has run nothing of the notebook: it is started again, at most this many times in all.
+KERNEL_STARTS = 3
 
 
 def execute_notebook(
     nb, workdir: Path, cell_timeout: int, submit_path: Path, deadline: float | None = None
 ) -> str | None:
-    """Run every cell (errors allowed); no cell runs past `cell_timeout` nor past `deadline` (monotonic)."""
+    """Run every cell (errors allowed); no cell runs past `cell_timeout` nor past `deadline` (monotonic).
+    Returns None, or the problem that stopped the run. A kernel that failed to start is started again."""
+    for _ in range(KERNEL_STARTS):
+        problem = _execute_once(nb, workdir, cell_timeout, submit_path, deadline)
+        if problem is None or _any_cell_ran(nb):
+            return problem
+    return problem
+
+
+def _any_cell_ran(nb) -> bool:
+    """Whether a kernel ran one of the notebook's code cells (it numbers every cell it executes)."""
+    return any(c.get("cell_type") == "code" and c.get("execution_count") is not None for c in nb.cells)
+
+
+def _execute_once(nb, workdir: Path, cell_timeout: int, submit_path: Path, deadline) -> str | None:
     import time
 
     from nbclient import NotebookClient
