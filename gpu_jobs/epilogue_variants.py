@@ -17,6 +17,8 @@ and plain calls (`time_ms`).
 
     python gpu_jobs/epilogue_variants.py --out DIR   # GPU: table on stdout, DIR/results.csv
     python gpu_jobs/epilogue_variants.py --smoke     # CPU lane (interpreter): tiny fp16/fp32 shapes
+    python gpu_jobs/epilogue_variants.py --warp-specialize --out DIR  # the TMA kernel with and without
+        # Triton's warp specialization: at 4096^3 (bias, GELU polynomial), 1536^3 and 8192^3
 """
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
@@ -205,14 +207,20 @@ def epilogue_section(bench, size, dtype, device, tiled, tma, epilogues=EPILOGUES
             for label, has_bias, act in epilogues:
                 if bench.over():
                     return
-                ws = " ws" if len(cfg) > 5 and cfg[5] else ""
-                name = f"{kind} {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}{ws} {label}"
+                name = f"{config_name(kind, cfg)} {label}"
                 want = ref_bias if act is None else ref
                 make = lambda m=maker, cfg=cfg, act=act, hb=has_bias: m(a, b, c, bias, cfg, act, hb)  # noqa: E731
                 bench.run(case, name, make, want, c, eager)
 
 
-def wave_section(bench, shape, dtype, device, tiled, wide):
+def config_name(kind: str, cfg: tuple) -> str:
+    """A config's name, e.g. "tiled 128x256x64 s3 w8"; " ws" marks a TMA config run with warp groups."""
+    ws = " ws" if len(cfg) > 5 and cfg[5] else ""
+    return f"{kind} {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}{ws}"
+
+
+def wave_section(bench, shape, dtype, device, tiled, wide, tma=()):
+    """No epilogue: cuBLAS, the shipped matmul, then direct launches of the tiled, wide and TMA kernels."""
     torch.manual_seed(0)
     M, N, K = shape
     a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
@@ -221,34 +229,16 @@ def wave_section(bench, shape, dtype, device, tiled, wide):
     cub = bench.run(case, "cublas", lambda: lambda: a @ b, ref, None)
     bench.run(case, "shipped matmul", lambda: lambda: ch03.matmul(a, b), ref, None, cub)
     c = torch.empty(M, N, device=device, dtype=dtype)
-    for cfg in tiled:
+    variants = [(config_name("tiled", cfg), lambda cfg=cfg: tiled_call(a, b, c, None, cfg, None, False))
+                for cfg in tiled]  # fmt: skip
+    variants += [(f"wide {cfg[0]}x({cfg[1]}+{cfg[2]})x{cfg[3]} s{cfg[4]} w{cfg[5]}",
+                  lambda cfg=cfg: wide_call(a, b, c, cfg)) for cfg in wide]  # fmt: skip
+    variants += [(config_name("tma", cfg), lambda cfg=cfg: tma_call(a, b, c, None, cfg, None, False))
+                 for cfg in tma]  # fmt: skip
+    for name, make in variants:
         if bench.over():
             return
-        name = f"tiled {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}"
-        bench.run(case, name, lambda cfg=cfg: tiled_call(a, b, c, None, cfg, None, False), ref, c, cub)
-    for cfg in wide:
-        if bench.over():
-            return
-        name = f"wide {cfg[0]}x({cfg[1]}+{cfg[2]})x{cfg[3]} s{cfg[4]} w{cfg[5]}"
-        bench.run(case, name, lambda cfg=cfg: wide_call(a, b, c, cfg), ref, c, cub)
-
-
-def tma_section(bench, shape, dtype, device, tma):
-    """No epilogue: cuBLAS, the shipped matmul and the TMA kernel per config."""
-    torch.manual_seed(0)
-    M, N, K = shape
-    a, b = torch.randn(M, K, device=device).to(dtype), torch.randn(K, N, device=device).to(dtype)
-    ref = a.double() @ b.double()
-    case = f"{M}x{N}x{K} {str(dtype)[6:]}"
-    cub = bench.run(case, "cublas", lambda: lambda: a @ b, ref, None)
-    bench.run(case, "shipped matmul", lambda: lambda: ch03.matmul(a, b), ref, None, cub)
-    c = torch.empty(M, N, device=device, dtype=dtype)
-    for cfg in tma:
-        if bench.over():
-            return
-        ws = " ws" if len(cfg) > 5 and cfg[5] else ""
-        name = f"tma {'x'.join(map(str, cfg[:3]))} s{cfg[3]} w{cfg[4]}{ws}"
-        bench.run(case, name, lambda cfg=cfg: tma_call(a, b, c, None, cfg, None, False), ref, c, cub)
+        bench.run(case, name, make, ref, c, cub)
 
 
 def main() -> int:
@@ -257,12 +247,13 @@ def main() -> int:
     if args.smoke:  # the interpreter: correctness of every path on tiny shapes
         small = [(32, 32, 32, 1, 4)]
         epilogue_section(bench, 64, torch.float16, device, small, small + [(32, 32, 32, 1, 4, True)])
-        wave_section(bench, (48, 200, 64), torch.float32, device, small, [(32, 32, 16, 32, 1, 4)])
+        wide = [(32, 32, 16, 32, 1, 4)]
+        wave_section(bench, (48, 200, 64), torch.float32, device, small, wide, [(32, 32, 32, 1, 4, True)])
     elif args.warp_specialize:
         keep = [e for e in EPILOGUES if e[0] != "gelu_erf"]
         epilogue_section(bench, 4096, torch.bfloat16, device, [], TMA_WS, keep)
         for shape in ((1536, 1536, 1536), (8192, 8192, 8192)):
-            tma_section(bench, shape, torch.bfloat16, device, TMA_WS)
+            wave_section(bench, shape, torch.bfloat16, device, [], [], TMA_WS)
     else:
         epilogue_section(bench, 4096, torch.bfloat16, device, TILED, TMA)
         for shape in ((1536, 1536, 1536), (3000, 5000, 1000)):
