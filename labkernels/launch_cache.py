@@ -245,3 +245,38 @@ def _guarded(call, device: int, normal, kind: str) -> Callable[..., None]:
 
     launch.kind = kind
     return launch
+
+
+# --- timing a call step by step (the ch03_launch and ch05_launch benchmarks) -------------------------------
+
+
+def thin_off(fn):
+    """Mark a step for `host_us_per_step` to time with thin launches off: Triton's own launch path, as
+    LABKERNELS_THIN_LAUNCH=0 gives."""
+    fn.thin_off = True
+    return fn
+
+
+def through_run(fn):
+    """Mark a step for `host_us_per_step` to time with thin launchers that go through compiled.run, as
+    LABKERNELS_THIN_LAUNCH=run gives: Triton's Python step before its C launch, a driver call per tensor."""
+    fn.through_run = True
+    return fn
+
+
+def host_us_per_step(steps: dict, calls: int = 2000) -> dict[str, float]:
+    """{step: host µs per call} (`timing.host_us`), each step timed on its own under the setting its mark
+    asks for; one untimed call first, so that a key's checked first call stays out of the loop. The setting
+    from the environment comes back afterwards."""
+    from labkernels import timing
+
+    times = {}
+    for step, fn in steps.items():
+        enabled = not getattr(fn, "thin_off", False) and enabled_from_env()
+        set_enabled(enabled, direct=not getattr(fn, "through_run", False) and direct_from_env())
+        try:
+            fn()
+            times[step] = timing.host_us(fn, calls=calls)
+        finally:
+            set_enabled(enabled_from_env(), direct=direct_from_env())
+    return times

@@ -482,3 +482,21 @@ def test_thin_launch_off_from_the_environment():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "normal"
+
+
+def test_host_us_per_step_applies_each_steps_mark_and_restores_the_setting():
+    seen = {}
+
+    def recorder(name):
+        return lambda: seen.setdefault(name, (launch_cache._enabled, launch_cache._direct))
+
+    steps = {
+        "plain": recorder("plain"),
+        "off": launch_cache.thin_off(recorder("off")),
+        "run": launch_cache.through_run(recorder("run")),
+    }
+    times = launch_cache.host_us_per_step(steps, calls=3)
+    assert list(times) == ["plain", "off", "run"] and all(us > 0 for us in times.values())
+    env = (launch_cache.enabled_from_env(), launch_cache.direct_from_env())
+    assert seen == {"plain": env, "off": (False, env[1]), "run": (env[0], False)}
+    assert (launch_cache._enabled, launch_cache._direct) == env

@@ -305,33 +305,10 @@ def launch_rows() -> list[dict]:
     return [{"section": "headline", "op": op, "host_us": timing.host_us(fn)} for op, fn in ops.items()]
 
 
-def _thin_off(fn):
-    """Mark a step to be timed with thin launches off: Triton's own launch path, LABKERNELS_THIN_LAUNCH=0."""
-    fn.thin_off = True
-    return fn
-
-
-def _through_run(fn):
-    """Mark a step to be timed with thin launchers that go through compiled.run (LABKERNELS_THIN_LAUNCH=run):
-    Triton's Python step before its C launch, and tensors the C side translates with a driver call each."""
-    fn.through_run = True
-    return fn
-
-
 def _steps_rows(op: str, steps: dict) -> list[dict]:
-    """One row per step, each timed on its own, back to back (`timing.host_us`)."""
-    rows = []
-    for step, fn in steps.items():
-        enabled = not getattr(fn, "thin_off", False) and launch_cache.enabled_from_env()
-        direct = not getattr(fn, "through_run", False) and launch_cache.direct_from_env()
-        launch_cache.set_enabled(enabled, direct=direct)
-        try:
-            fn()  # a first call under this setting caches its launcher outside the timed loop
-            us = timing.host_us(fn)
-        finally:
-            launch_cache.set_enabled(launch_cache.enabled_from_env(), direct=launch_cache.direct_from_env())
-        rows.append({"section": "breakdown", "op": f"{op}: {step}", "host_us": us})
-    return rows
+    """One row per step, each timed on its own, back to back (`launch_cache.host_us_per_step`)."""
+    times = launch_cache.host_us_per_step(steps)
+    return [{"section": "breakdown", "op": f"{op}: {step}", "host_us": us} for step, us in times.items()]
 
 
 def softmax_breakdown_rows() -> list[dict]:
@@ -367,8 +344,8 @@ def softmax_breakdown_rows() -> list[dict]:
         "Triton's launch (kernel[grid](...))": lambda: softmax_mod._softmax_kernel[grid](*args, **meta),
         f"cached launcher alone ({launcher.kind})": lambda: launcher(out, x),
         "full call": lambda: softmax(x),
-        "full call, thin launch through compiled.run": _through_run(lambda: softmax(x)),
-        "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": _thin_off(lambda: softmax(x)),
+        "full call, thin launch through compiled.run": launch_cache.through_run(lambda: softmax(x)),
+        "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": launch_cache.thin_off(lambda: softmax(x)),
         "torch.softmax": lambda: torch.softmax(x, dim=-1),
     }
     return _steps_rows("softmax", steps)
@@ -405,8 +382,8 @@ def matmul_breakdown_rows(kernel: str = "tiled") -> list[dict]:
         "Triton's launch (kernel[grid](...))": lambda: jitted[tuned.grid](*args, **tuned.meta),
         f"cached launcher alone ({known.launcher.kind})": lambda: known.launcher(a, b, c, c),
         "full call": call,
-        "full call, thin launch through compiled.run": _through_run(lambda: call()),
-        "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": _thin_off(lambda: call()),
+        "full call, thin launch through compiled.run": launch_cache.through_run(lambda: call()),
+        "full call, Triton's launch (LABKERNELS_THIN_LAUNCH=0)": launch_cache.thin_off(lambda: call()),
         "torch.matmul (cuBLAS)": lambda: a @ b,
     }
     return _steps_rows(f"matmul {key[0]}", steps)

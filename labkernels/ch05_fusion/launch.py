@@ -78,14 +78,6 @@ def breakdown_rows(n: int = 4096, calls: int = 2000) -> list[dict]:
     def launch_only():
         kernel[grid](x, a, b, out, n, BLOCK_SIZE=block, INT64=int64, num_warps=warps)
 
-    def call():
-        return pointwise.mul_add_sigmoid(x, a, b)
-
-    def call_thin_off():
-        return pointwise.mul_add_sigmoid(x, a, b)
-
-    call_thin_off.thin_off = True
-
     steps = {
         "input checks (check_elementwise)": lambda: check_elementwise("mul_add_sigmoid", x, a, b),
         "input checks with out= (adds the overlap check)": lambda: check_elementwise(
@@ -93,17 +85,12 @@ def breakdown_rows(n: int = 4096, calls: int = 2000) -> list[dict]:
         ),
         "allocate the output (torch.empty_like)": lambda: torch.empty_like(x),
         "Triton launch (kernel[grid](...))": launch_only,
-        "the whole call, a known key (cached thin launcher)": call,
-        "the whole call, a known key, thin launches off": call_thin_off,
+        "the whole call, a known key (cached thin launcher)": lambda: pointwise.mul_add_sigmoid(x, a, b),
+        "the whole call, a known key, thin launches off": launch_cache.thin_off(
+            lambda: pointwise.mul_add_sigmoid(x, a, b)
+        ),
         "the whole call with out= (checked every time)": lambda: pointwise.mul_add_sigmoid(x, a, b, out=out),
         "eager torch, one op (torch.sigmoid)": lambda: torch.sigmoid(x),
     }
-    rows = []
-    for step, fn in steps.items():
-        launch_cache.set_enabled(not getattr(fn, "thin_off", False) and launch_cache.enabled_from_env())
-        try:
-            fn()  # a key's first call (checked) outside the timed loop
-            rows.append({"step": step, "host_us": timing.host_us(fn, calls=calls)})
-        finally:
-            launch_cache.set_enabled(launch_cache.enabled_from_env())
-    return rows
+    times = launch_cache.host_us_per_step(steps, calls=calls)
+    return [{"step": step, "host_us": us} for step, us in times.items()]
