@@ -266,9 +266,9 @@ def _matmul_tma_persistent(
     GROUP_SIZE_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,  # one per SM
     # Triton's automatic warp specialization of the tile loop (a warp group issuing the TMA loads, others
-    # the MMAs and the epilogue). No config turns it on: on the H200 it was no faster (128x256x64 with the
-    # GELU epilogue at 4096^3 within 2% either way, 128x128 configs slower; gpu_jobs/epilogue_variants.py
-    # --warp-specialize).
+    # the MMAs and the epilogue). No config turns it on: on the H200 it did not make the GELU epilogue at
+    # 4096^3 reliably faster, and it made the 128x128 configs slower (gpu_jobs/epilogue_variants.py
+    # --warp-specialize times it).
     WARP_SPECIALIZE: tl.constexpr = False,
 ):
     # Each descriptor is written once per program, on the device (into scratch from `_descriptor_scratch`),
