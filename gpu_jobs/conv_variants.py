@@ -13,6 +13,9 @@
    - "partials": stores its partial; a second kernel adds them in split order and casts (chapter 04's
      deterministic split-K);
    - "atomic": fp32 atomics into a workspace; a second kernel casts it and zeroes it for the next call.
+4. --tma, instead of 2 and 3: A's tiles by TMA copies, for every 3x3 stride-1 "same" shape, in two kernels:
+   `_conv_tma_kernel` (x as (N*H*W, C): one copy per tap, the padding rows zeroed in registers) and
+   `_conv_box_kernel` (x as (N, H, W, C): a box of pixels per tap, the padding zero-filled by the copy).
 Every result is checked against the fp64 reference (`conv.reference`): rel_err = max |y - ref| / max |ref|,
 ok = within atol 2e-2 x sqrt(fan-in), rtol 5e-3 (the tests' fp16 tolerance). Table on stdout, CSV in
 $OUT/conv_variants/results.csv. The sweep's kernels are compiled first, in parallel worker processes (a cold
@@ -20,6 +23,7 @@ Triton cache would otherwise spend most of the budget compiling one kernel after
 
     python gpu_jobs/conv_variants.py            # GPU
     python gpu_jobs/conv_variants.py --smoke    # CPU lane (interpreter): tiny fp32 shapes, checks only
+    python gpu_jobs/conv_variants.py --tma      # GPU: the TMA kernels' configs (item 4)
 """
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
@@ -55,6 +59,206 @@ FIELDS = [
     "batch", "c", "size", "k_out", "r", "stride", "padding", "impl", "config",
     "ms_plain", "ms_graph", "host_us", "x_cudnn_plain", "x_cudnn_graph", "rel_err", "ok", "error",
 ]  # fmt: skip
+
+
+# --- TMA loads (stride 1, "same" padding) -------------------------------------------------------------------
+# With stride 1 and P = H, Q = W, output pixel m and its input pixel under tap (r, s) differ by a constant in
+# the flattened NHWC index: m + (r - pad) * W + (s - pad). So the A tile of tap (r, s) is BLOCK_SIZE_M
+# *consecutive* rows of x viewed as (N*H*W, C): one TMA copy, no per-row addresses. Rows whose tap falls in
+# the padding read a neighbouring pixel (or zeros, past either end of x); `tl.where` zeroes them in registers,
+# so wgmma takes A from registers and B (the filters, K-major) from shared memory.
+
+
+@triton.jit
+def _conv_tma_kernel(
+    x_ptr, w_ptr, y_ptr,
+    BATCH, H, W, C, K_OUT,
+    R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, C_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    # C_CHUNKS = cdiv(C, BLOCK_SIZE_K) as a constexpr: with a trip count the compiler cannot prove nonzero,
+    # ptxas serializes the wgmmas (warning C7515: the zero-trip path sets the accumulator with plain moves)
+    M = BATCH * H * W
+    RSC = R * S * C
+    x_desc = tl.make_tensor_descriptor(x_ptr, [M, C], [C, 1], [BLOCK_SIZE_M, BLOCK_SIZE_K])
+    w_desc = tl.make_tensor_descriptor(w_ptr, [K_OUT, RSC], [RSC, 1], [BLOCK_SIZE_N, BLOCK_SIZE_K])
+    y_desc = tl.make_tensor_descriptor(y_ptr, [M, K_OUT], [K_OUT, 1], [BLOCK_SIZE_M, BLOCK_SIZE_N])
+    pid_m, pid_n = _tile_coordinates(
+        tl.program_id(axis=0), M, K_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M
+    )
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    h = offs_m % (H * W) // W
+    w = offs_m % W
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for step in range(R * S * C_CHUNKS):
+        tap = step // C_CHUNKS
+        c0 = (step % C_CHUNKS) * BLOCK_SIZE_K
+        dh = tap // S - PADDING
+        dw = tap % S - PADDING
+        a = x_desc.load([pid_m * BLOCK_SIZE_M + dh * W + dw, c0])  # read BM x BK (L2 after the first tap)
+        inside = (h + dh >= 0) & (h + dh < H) & (w + dw >= 0) & (w + dw < W)
+        a = tl.where(inside[:, None], a, tl.zeros_like(a))
+        b = w_desc.load([pid_n * BLOCK_SIZE_N, tap * C + c0])  # read BN x BK
+        acc = tl.dot(a, b.T, acc, input_precision="ieee")
+    y = acc.to(y_ptr.dtype.element_ty)
+    y_desc.store([pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N], y)  # write BM x BN, clipped at the edges
+
+
+# The same with the padding done by the copy engine: x as a 4-D (N, H, W, C) tensor and A's tile a box of
+# IMG images x BH x BW pixels x BLOCK_SIZE_K channels, at (n0, h0 + r - pad, w0 + s - pad, c0). The box's
+# parts outside x (the padding) arrive as zeros, so A goes from shared memory to wgmma untouched. The price: a
+# box is a power of two along each axis, so where H or W is not a multiple of BH or BW, part of the last
+# boxes computes pixels that do not exist (the store clips them).
+
+
+@triton.jit
+def _conv_box_kernel(
+    x_ptr, w_ptr, y_ptr,
+    BATCH, H, W, C, K_OUT,
+    R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr,
+    IMG: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+    C_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    BLOCK_SIZE_M: tl.constexpr = IMG * BH * BW
+    RSC = R * S * C
+    x_desc = tl.make_tensor_descriptor(
+        x_ptr, [BATCH, H, W, C], [H * W * C, W * C, C, 1], [IMG, BH, BW, BLOCK_SIZE_K]
+    )
+    w_desc = tl.make_tensor_descriptor(w_ptr, [K_OUT, RSC], [RSC, 1], [BLOCK_SIZE_N, BLOCK_SIZE_K])
+    y_desc = tl.make_tensor_descriptor(
+        y_ptr, [BATCH, H, W, K_OUT], [H * W * K_OUT, W * K_OUT, K_OUT, 1], [IMG, BH, BW, BLOCK_SIZE_N]
+    )
+    boxes_h = tl.cdiv(H, BH)
+    boxes_w = tl.cdiv(W, BW)
+    boxes = tl.cdiv(BATCH, IMG) * boxes_h * boxes_w
+    box, pid_n = _tile_coordinates(
+        tl.program_id(axis=0), boxes * BLOCK_SIZE_M, K_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M
+    )
+    n0 = box // (boxes_h * boxes_w) * IMG
+    h0 = box // boxes_w % boxes_h * BH
+    w0 = box % boxes_w * BW
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for step in range(R * S * C_CHUNKS):
+        tap = step // C_CHUNKS
+        c0 = (step % C_CHUNKS) * BLOCK_SIZE_K
+        a = x_desc.load([n0, h0 + tap // S - PADDING, w0 + tap % S - PADDING, c0])  # read IMG x BH x BW x BK
+        b = w_desc.load([pid_n * BLOCK_SIZE_N, tap * C + c0])  # read BN x BK
+        acc = tl.dot(a.reshape(BLOCK_SIZE_M, BLOCK_SIZE_K), b.T, acc, input_precision="ieee")
+    y = acc.to(y_ptr.dtype.element_ty).reshape(IMG, BH, BW, BLOCK_SIZE_N)
+    y_desc.store([n0, h0, w0, pid_n * BLOCK_SIZE_N], y)  # write BM x BN, clipped at the edges
+
+
+def boxes_for(shape, gpu: bool = True) -> list[tuple]:
+    """(IMG, BH, BW) boxes of 64 / 128 / 256 pixels (16 / 32 under the interpreter) that waste least."""
+    batch, c, size, k_out, r, stride, padding = shape
+    out = []
+    for pixels in (64, 128) if gpu else (16, 32):
+        cands = []
+        for bh in (1, 2, 4, 8, 16):
+            for bw in (1, 2, 4, 8, 16, 32):
+                img = pixels // (bh * bw)
+                if img < 1 or img * bh * bw != pixels or img > triton.next_power_of_2(batch):
+                    continue
+                rows, cols = triton.cdiv(size, bh) * bh, triton.cdiv(size, bw) * bw
+                padded = triton.cdiv(batch, img) * img * rows * cols
+                cands.append((padded / (batch * size * size), -bw, (img, bh, bw)))
+        out += [box for _, _, box in sorted(cands)[:2]]
+    return out
+
+
+def box_configs(shape, gpu: bool = True) -> list[tuple]:
+    """(img, bh, bw, bn, bk, stages, warps) for the box kernel."""
+    if not gpu:
+        return [(*box, 16, 16, 1, 4) for box in boxes_for(shape, gpu=False)]
+    out = []
+    for box in boxes_for(shape):
+        bm = box[0] * box[1] * box[2]
+        for bn in (64, 128, 256):
+            if bn > shape[3]:
+                continue
+            for stages in (3, 4):
+                if stages * (bm + bn) * 64 * 2 > conv.SHARED_MEMORY_BYTES or bm * bn > 128 * 256:
+                    continue
+                for warps in (4, 8):
+                    if bm * bn // (warps * 32) <= 128 and bm // (warps // 4) >= 64:
+                        out.append((*box, bn, 64, stages, warps))
+    return out
+
+
+def _box_meta(shape, img, bh, bw, bn, bk, stages, warps) -> dict:
+    batch, c, size, k_out, r, stride, padding = shape
+    return dict(
+        R=r, S=r, PADDING=padding, IMG=img, BH=bh, BW=bw, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8,
+        C_CHUNKS=triton.cdiv(c, bk), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+def box_call(x, w, shape, meta):
+    batch, c, size, k_out, r, stride, padding = shape
+    boxes = (
+        triton.cdiv(batch, meta["IMG"]) * triton.cdiv(size, meta["BH"]) * triton.cdiv(size, meta["BW"])
+    )
+    grid = (boxes * triton.cdiv(k_out, meta["BLOCK_SIZE_N"]),)
+
+    def call():
+        y = _empty((batch, size, size, k_out), device=x.device, dtype=x.dtype)
+        _conv_box_kernel[grid](x, w, y, batch, size, size, c, k_out, **meta)
+        return y
+
+    return call
+
+
+def _fmt_box(meta: dict) -> str:
+    return (
+        f"{meta['IMG']}x{meta['BH']}x{meta['BW']} n{meta['BLOCK_SIZE_N']} k{meta['BLOCK_SIZE_K']} "
+        f"s{meta['num_stages']} w{meta['num_warps']}"
+    )
+
+
+def tma_supported(shape) -> bool:
+    batch, c, size, k_out, r, stride, padding = shape
+    return stride == 1 and conv.output_size(size, r, stride, padding) == size
+
+
+def tma_configs(shape, gpu: bool = True) -> list[tuple]:
+    """(bm, bn, bk, stages, warps) for the TMA kernel: tiles no wider than K_out."""
+    if not gpu:
+        return [(16, 16, 16, 1, 4), (32, 16, 16, 1, 4)]
+    tiles = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
+    out = []
+    for bm, bn in tiles:
+        if bn > shape[3]:
+            continue
+        for stages in (3, 4):
+            if stages * (bm + bn) * 64 * 2 > conv.SHARED_MEMORY_BYTES - 16 * 1024:  # room for A's copy
+                continue
+            for warps in (4, 8):
+                if bm * bn // (warps * 32) <= 128:  # fp32 accumulator elements per thread
+                    out.append((bm, bn, 64, stages, warps))
+    return out
+
+
+def _tma_meta(shape, bm, bn, bk, stages, warps) -> dict:
+    batch, c, size, k_out, r, stride, padding = shape
+    return dict(
+        R=r, S=r, PADDING=padding, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8,
+        C_CHUNKS=triton.cdiv(c, bk), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+def tma_call(x, w, shape, meta):
+    batch, c, size, k_out, r, stride, padding = shape
+    tiles_m = triton.cdiv(batch * size * size, meta["BLOCK_SIZE_M"])
+    grid = (tiles_m * triton.cdiv(k_out, meta["BLOCK_SIZE_N"]),)
+
+    def call():
+        y = _empty((batch, size, size, k_out), device=x.device, dtype=x.dtype)
+        _conv_tma_kernel[grid](x, w, y, batch, size, size, c, k_out, **meta)
+        return y
+
+    return call
 
 
 # --- split-K ------------------------------------------------------------------------------------------------
@@ -191,6 +395,7 @@ class SplitConv:
 
 SWEEP_TILES = ((64, 64), (64, 128), (128, 64), (128, 128))
 SPLITS = True  # run the split-K variants (off with --sweep-c)
+TMA = False  # --tma: the TMA kernel's configs on every shape it supports, instead of the sweep and split-K
 
 
 def sweep_configs(element_size: int, tiles=None) -> list[tuple]:
@@ -260,6 +465,10 @@ def _warm(job) -> str | None:
     try:
         if kind == "conv":
             conv._conv_kernel.warmup(f16, f16, f16, f16, *ints, grid=(1,), **meta)
+        elif kind == "tma":
+            _conv_tma_kernel.warmup(f16, f16, f16, *ints, grid=(1,), **meta)
+        elif kind == "box":
+            _conv_box_kernel.warmup(f16, f16, f16, *ints, grid=(1,), **meta)
         else:
             _conv_split_kernel.warmup(f16, f16, f16, torch.float32, torch.int32, *ints, grid=(1, 1), **meta)
         return None
@@ -274,12 +483,26 @@ def _error_of(future) -> str | None:
         return f"{type(exc).__name__}: {exc}"[:300]
 
 
+def _tma_ints(shape) -> tuple:
+    batch, c, size, k_out, r, stride, padding = shape
+    return (batch, size, size, c, k_out)
+
+
 def _compile_jobs() -> list[tuple]:
     jobs = [("conv", _ints(shape), meta) for shape in CONV_SHAPES for meta in _autotune_metas(shape)]
+    if TMA:
+        tma_shapes = [s for s in CONV_SHAPES if tma_supported(s) and s[4] == 3]
+        jobs += [("tma", _tma_ints(s), _tma_meta(s, *cfg)) for s in tma_shapes for cfg in tma_configs(s)]
+        jobs += [("box", _tma_ints(s), _box_meta(s, *cfg)) for s in tma_shapes for cfg in box_configs(s)]
+        return _unique(jobs)
     for shape in SWEEP_SHAPES:
         jobs += [("conv", _ints(shape), _direct_meta(shape, *cfg)) for cfg in sweep_configs(2)]
     for v in split_variants() if SPLITS else ():
         jobs += [("split", _ints(shape), SplitConv.launch_meta(shape, *v)) for shape in SPLIT_SHAPES]
+    return _unique(jobs)
+
+
+def _unique(jobs: list[tuple]) -> list[tuple]:
     unique = {}
     for job in jobs:
         unique.setdefault((job[0], job[1], tuple(sorted(job[2].items(), key=str))), job)
@@ -533,13 +756,43 @@ def splits_of(table: Table, kept: dict, timed: bool, deadline: float, shape) -> 
         run_variant(table, shape, f"splitk_{mode}", f"{bm}x{bn}x{bk} s{stages} w{warps} split{split}", body)
 
 
+def tma_sweep(table: Table, kept: dict, timed: bool, deadline: float) -> None:
+    shapes = [s for s in kept if tma_supported(s) and (s[4] == 3 or not on_gpu())]
+    for shape in sorted(shapes, key=lambda s: -s[1]):  # the shapes furthest behind cuDNN first
+        x, w, ref = kept[shape]
+        fan_in = shape[1] * shape[4] ** 2
+        for cfg in tma_configs(shape, on_gpu()):
+            if time.perf_counter() > deadline:
+                print(f"budget spent: TMA configs of C={shape[1]} {shape[2]}^2 not run", flush=True)
+                break
+            meta = _tma_meta(shape, *cfg)
+
+            def body(row, meta=meta, x=x, w=w, shape=shape, ref=ref, fan_in=fan_in):
+                measure(row, tma_call(x, w, shape, meta), ref, fan_in, timed, plain=False)
+
+            run_variant(table, shape, "tma", _fmt(meta), body)
+        for cfg in box_configs(shape, on_gpu()):
+            if time.perf_counter() > deadline:
+                print(f"budget spent: box configs of C={shape[1]} {shape[2]}^2 not run", flush=True)
+                break
+            meta = _box_meta(shape, *cfg)
+
+            def body(row, meta=meta, x=x, w=w, shape=shape, ref=ref, fan_in=fan_in):
+                measure(row, box_call(x, w, shape, meta), ref, fan_in, timed, plain=False)
+
+            run_variant(table, shape, "box", _fmt_box(meta), body)
+
+
 def summary(table: Table) -> None:
     print("\nsummary (graph replays; x = cuDNN time / ours):")
-    for shape in dict.fromkeys(SWEEP_SHAPES + (SPLIT_SHAPES if SPLITS else [])):
+    shapes = SWEEP_SHAPES + (SPLIT_SHAPES if SPLITS else [])
+    if TMA:
+        shapes = [s for s in CONV_SHAPES if tma_supported(s) and s[4] == 3]
+    for shape in dict.fromkeys(shapes):
         mine = [r for r in table.rows if tuple(r[k] for k in FIELDS[:7]) == shape and r.get("ok")]
         graph = [r for r in mine if isinstance(r.get("x_cudnn_graph"), float)]
         tuned = [r for r in graph if r["impl"] == "labkernels"]
-        for impl in ("sweep", "splitk_last", "splitk_partials", "splitk_atomic"):
+        for impl in ("sweep", "splitk_last", "splitk_partials", "splitk_atomic", "tma", "box"):
             cands = [r for r in graph if r["impl"] == impl]
             if cands:
                 best = max(cands, key=lambda r: r["x_cudnn_graph"])
@@ -594,8 +847,11 @@ def gpu_main(out_dir: str, budget_s: float, workers: int) -> int:
     _print_header()
     kept = main_shapes(table, prepared, timed=True)
     deadline = start + budget_s
-    sweep(table, kept, timed=True, deadline=deadline - 15)  # leave time for the split-K rows
-    if SPLITS:
+    if TMA:
+        tma_sweep(table, kept, timed=True, deadline=deadline)
+    else:
+        sweep(table, kept, timed=True, deadline=deadline - 15)  # leave time for the split-K rows
+    if SPLITS and not TMA:
         splits(table, kept, timed=True, deadline=deadline)
     summary(table)
     print(f"wrote {table.file.name} in {time.perf_counter() - start:.0f} s")
@@ -606,7 +862,8 @@ def smoke(out_dir: str) -> int:
     """The interpreter: every code path on tiny fp32 shapes (ragged tiles, C not a multiple of BLOCK_SIZE_K,
     stride 2), checked against the fp64 reference; no timings."""
     torch.manual_seed(0)
-    shapes = [(2, 40, 7, 24, 3, 1, 1), (1, 24, 9, 20, 3, 2, 1)]
+    shapes = [(2, 40, 7, 24, 3, 1, 1), (1, 24, 9, 20, 3, 2, 1), (2, 32, 6, 24, 3, 1, 1)]
+    shapes += [(1, 16, 5, 16, 1, 1, 0)]
     global SWEEP_SHAPES, SPLIT_SHAPES, _empty
     SWEEP_SHAPES, SPLIT_SHAPES = shapes, shapes[:1]
     _empty = lambda *args, **kwargs: torch.empty(*args, **kwargs).fill_(float("nan"))  # noqa: E731
@@ -616,6 +873,7 @@ def smoke(out_dir: str) -> int:
     kept = main_shapes(table, {shape: operands(shape, torch.float32) for shape in shapes}, timed=False)
     sweep(table, kept, timed=False, deadline=float("inf"))
     splits(table, kept, timed=False, deadline=float("inf"))
+    tma_sweep(table, kept, timed=False, deadline=float("inf"))
     bad = [r for r in table.rows if not r.get("ok")]
     print(f"smoke: {len(table.rows)} rows, {len(bad)} not ok")
     return 1 if bad else 0
@@ -636,7 +894,13 @@ def main() -> int:
     parser.add_argument(
         "--split-c", type=int, nargs="+", help="the split-K rows on the 3x3 stride-1 shapes with these C"
     )
+    parser.add_argument(
+        "--tma", action="store_true", help="the TMA kernel's configs on every stride-1 'same' shape instead"
+    )
     args = parser.parse_args()
+    if args.tma:
+        global TMA
+        TMA = True
     if args.sweep_c:
         global SWEEP_SHAPES, SWEEP_TILES, SPLITS
         SWEEP_SHAPES = [s for s in CONV_SHAPES if s[1] in args.sweep_c and s[4] == 3 and s[5] == 1]
