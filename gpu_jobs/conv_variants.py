@@ -70,19 +70,36 @@ FIELDS = [
 
 
 @triton.jit
+def _filter_descriptor(w_ptr, K_OUT, RSC, B_KN: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                       BLOCK_SIZE_K: tl.constexpr):  # fmt: skip
+    """B_KN: the filters transposed to (R*S*C, K_out), B's tiles loaded as the matmul's TMA kernel loads
+    them; otherwise (K_out, R*S*C), each tile turned around (a transposed view, no copy)."""
+    if B_KN:
+        return tl.make_tensor_descriptor(w_ptr, [RSC, K_OUT], [K_OUT, 1], [BLOCK_SIZE_K, BLOCK_SIZE_N])
+    return tl.make_tensor_descriptor(w_ptr, [K_OUT, RSC], [RSC, 1], [BLOCK_SIZE_N, BLOCK_SIZE_K])
+
+
+@triton.jit
+def _filter_tile(w_desc, n0, k0, B_KN: tl.constexpr):
+    if B_KN:
+        return w_desc.load([k0, n0])
+    return w_desc.load([n0, k0]).T
+
+
+@triton.jit
 def _conv_tma_kernel(
     x_ptr, w_ptr, y_ptr,
     BATCH, H, W, C, K_OUT,
     R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, C_CHUNKS: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, C_CHUNKS: tl.constexpr, B_KN: tl.constexpr,
 ):  # fmt: skip
     # C_CHUNKS = cdiv(C, BLOCK_SIZE_K) as a constexpr: with a trip count the compiler cannot prove nonzero,
     # ptxas serializes the wgmmas (warning C7515: the zero-trip path sets the accumulator with plain moves)
     M = BATCH * H * W
     RSC = R * S * C
     x_desc = tl.make_tensor_descriptor(x_ptr, [M, C], [C, 1], [BLOCK_SIZE_M, BLOCK_SIZE_K])
-    w_desc = tl.make_tensor_descriptor(w_ptr, [K_OUT, RSC], [RSC, 1], [BLOCK_SIZE_N, BLOCK_SIZE_K])
+    w_desc = _filter_descriptor(w_ptr, K_OUT, RSC, B_KN, BLOCK_SIZE_N, BLOCK_SIZE_K)
     y_desc = tl.make_tensor_descriptor(y_ptr, [M, K_OUT], [K_OUT, 1], [BLOCK_SIZE_M, BLOCK_SIZE_N])
     pid_m, pid_n = _tile_coordinates(
         tl.program_id(axis=0), M, K_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M
@@ -99,8 +116,8 @@ def _conv_tma_kernel(
         a = x_desc.load([pid_m * BLOCK_SIZE_M + dh * W + dw, c0])  # read BM x BK (L2 after the first tap)
         inside = (h + dh >= 0) & (h + dh < H) & (w + dw >= 0) & (w + dw < W)
         a = tl.where(inside[:, None], a, tl.zeros_like(a))
-        b = w_desc.load([pid_n * BLOCK_SIZE_N, tap * C + c0])  # read BN x BK
-        acc = tl.dot(a, b.T, acc, input_precision="ieee")
+        b = _filter_tile(w_desc, pid_n * BLOCK_SIZE_N, tap * C + c0, B_KN)  # read BK x BN
+        acc = tl.dot(a, b, acc, input_precision="ieee")
     y = acc.to(y_ptr.dtype.element_ty)
     y_desc.store([pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N], y)  # write BM x BN, clipped at the edges
 
@@ -119,14 +136,14 @@ def _conv_box_kernel(
     R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr,
     IMG: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
-    C_CHUNKS: tl.constexpr,
+    C_CHUNKS: tl.constexpr, B_KN: tl.constexpr,
 ):  # fmt: skip
     BLOCK_SIZE_M: tl.constexpr = IMG * BH * BW
     RSC = R * S * C
     x_desc = tl.make_tensor_descriptor(
         x_ptr, [BATCH, H, W, C], [H * W * C, W * C, C, 1], [IMG, BH, BW, BLOCK_SIZE_K]
     )
-    w_desc = tl.make_tensor_descriptor(w_ptr, [K_OUT, RSC], [RSC, 1], [BLOCK_SIZE_N, BLOCK_SIZE_K])
+    w_desc = _filter_descriptor(w_ptr, K_OUT, RSC, B_KN, BLOCK_SIZE_N, BLOCK_SIZE_K)
     y_desc = tl.make_tensor_descriptor(
         y_ptr, [BATCH, H, W, K_OUT], [H * W * K_OUT, W * K_OUT, K_OUT, 1], [IMG, BH, BW, BLOCK_SIZE_N]
     )
@@ -144,8 +161,8 @@ def _conv_box_kernel(
         tap = step // C_CHUNKS
         c0 = (step % C_CHUNKS) * BLOCK_SIZE_K
         a = x_desc.load([n0, h0 + tap // S - PADDING, w0 + tap % S - PADDING, c0])  # read IMG x BH x BW x BK
-        b = w_desc.load([pid_n * BLOCK_SIZE_N, tap * C + c0])  # read BN x BK
-        acc = tl.dot(a.reshape(BLOCK_SIZE_M, BLOCK_SIZE_K), b.T, acc, input_precision="ieee")
+        b = _filter_tile(w_desc, pid_n * BLOCK_SIZE_N, tap * C + c0, B_KN)  # read BK x BN
+        acc = tl.dot(a.reshape(BLOCK_SIZE_M, BLOCK_SIZE_K), b, acc, input_precision="ieee")
     y = acc.to(y_ptr.dtype.element_ty).reshape(IMG, BH, BW, BLOCK_SIZE_N)
     y_desc.store([n0, h0, w0, pid_n * BLOCK_SIZE_N], y)  # write BM x BN, clipped at the edges
 
@@ -169,34 +186,34 @@ def boxes_for(shape, gpu: bool = True) -> list[tuple]:
 
 
 def box_configs(shape, gpu: bool = True) -> list[tuple]:
-    """(img, bh, bw, bn, bk, stages, warps) for the box kernel."""
+    """(img, bh, bw, bn, bk, stages, warps, b_kn) for the box kernel."""
     if not gpu:
-        return [(*box, 16, 16, 1, 4) for box in boxes_for(shape, gpu=False)]
+        return [(*box, 16, 16, 1, 4, kn) for box in boxes_for(shape, gpu=False) for kn in (False, True)]
     out = []
     for box in boxes_for(shape):
         bm = box[0] * box[1] * box[2]
         for bn in (64, 128, 256):
-            if bn > shape[3]:
+            if bn > shape[3] or bm * bn > 128 * 256:
                 continue
-            for stages in (3, 4):
-                if stages * (bm + bn) * 64 * 2 > conv.SHARED_MEMORY_BYTES or bm * bn > 128 * 256:
-                    continue
+            for bk, stages in _depths(shape):
                 for warps in (4, 8):
-                    if bm * bn // (warps * 32) <= 128 and bm // (warps // 4) >= 64:
-                        out.append((*box, bn, 64, stages, warps))
+                    per_thread = bm * bn // (warps * 32)  # fp32 accumulator elements
+                    if _fits(bm, bn, bk, stages) and per_thread <= 128 and bm // (warps // 4) >= 64:
+                        out += [(*box, bn, bk, stages, warps, kn) for kn in (False, True)]
     return out
 
 
-def _box_meta(shape, img, bh, bw, bn, bk, stages, warps) -> dict:
+def _box_meta(shape, img, bh, bw, bn, bk, stages, warps, b_kn=False) -> dict:
     batch, c, size, k_out, r, stride, padding = shape
     return dict(
         R=r, S=r, PADDING=padding, IMG=img, BH=bh, BW=bw, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8,
-        C_CHUNKS=triton.cdiv(c, bk), num_warps=warps, num_stages=stages,
+        C_CHUNKS=triton.cdiv(c, bk), B_KN=b_kn, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
 def box_call(x, w, shape, meta):
     batch, c, size, k_out, r, stride, padding = shape
+    w_for = filters_for(w, meta)
     boxes = (
         triton.cdiv(batch, meta["IMG"]) * triton.cdiv(size, meta["BH"]) * triton.cdiv(size, meta["BW"])
     )
@@ -204,7 +221,7 @@ def box_call(x, w, shape, meta):
 
     def call():
         y = _empty((batch, size, size, k_out), device=x.device, dtype=x.dtype)
-        _conv_box_kernel[grid](x, w, y, batch, size, size, c, k_out, **meta)
+        _conv_box_kernel[grid](x, w_for, y, batch, size, size, c, k_out, **meta)
         return y
 
     return call
@@ -213,8 +230,24 @@ def box_call(x, w, shape, meta):
 def _fmt_box(meta: dict) -> str:
     return (
         f"{meta['IMG']}x{meta['BH']}x{meta['BW']} n{meta['BLOCK_SIZE_N']} k{meta['BLOCK_SIZE_K']} "
-        f"s{meta['num_stages']} w{meta['num_warps']}"
+        f"s{meta['num_stages']} w{meta['num_warps']}" + (" kn" if meta["B_KN"] else " nk")
     )
+
+
+def _fmt_tma(meta: dict) -> str:
+    return _fmt(meta) + (" kn" if meta["B_KN"] else " nk")
+
+
+def poisoned_checks(call, ref, fan_in: int, times: int = 3) -> None:
+    """Run `call` `times` times with its output poisoned (NaN) first; raise if any result is wrong."""
+    global _empty
+    saved, _empty = _empty, lambda *a, **k: torch.full(*a[:1], float("nan"), **k)
+    try:
+        bad = sum(not close(call(), ref, fan_in) for _ in range(times))
+    finally:
+        _empty = saved
+    if bad:
+        raise RuntimeError(f"wrong result in {bad} of {times} poisoned runs: not timed")
 
 
 def tma_supported(shape) -> bool:
@@ -222,40 +255,50 @@ def tma_supported(shape) -> bool:
     return stride == 1 and conv.output_size(size, r, stride, padding) == size
 
 
+def _fits(bm: int, bn: int, bk: int, stages: int) -> bool:
+    return stages * (bm + bn) * bk * 2 <= conv.SHARED_MEMORY_BYTES - 16 * 1024  # room for A's or y's copy
+
+
+def _depths(shape) -> list[tuple]:
+    """(bk, stages): 64-channel steps in 3 or 4 stages; for C >= 256 (the long K loops) also 5, and
+    128-channel steps in 3 or 4."""
+    if shape[1] < 256:
+        return [(64, 3), (64, 4)]
+    return [(64, 3), (64, 4), (64, 5), (128, 3), (128, 4)]
+
+
 def tma_configs(shape, gpu: bool = True) -> list[tuple]:
-    """(bm, bn, bk, stages, warps) for the TMA kernel: tiles no wider than K_out."""
+    """(bm, bn, bk, stages, warps, b_kn) for the TMA kernel: tiles no wider than K_out."""
     if not gpu:
-        return [(16, 16, 16, 1, 4), (32, 16, 16, 1, 4)]
-    tiles = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
-    out = []
-    for bm, bn in tiles:
-        if bn > shape[3]:
-            continue
-        for stages in (3, 4):
-            if stages * (bm + bn) * 64 * 2 > conv.SHARED_MEMORY_BYTES - 16 * 1024:  # room for A's copy
-                continue
-            for warps in (4, 8):
-                if bm * bn // (warps * 32) <= 128:  # fp32 accumulator elements per thread
-                    out.append((bm, bn, 64, stages, warps))
-    return out
+        return [(16, 16, 16, 1, 4, kn) for kn in (False, True)] + [(32, 16, 16, 1, 4, False)]
+    # slower than the box kernel everywhere in a first run: the tiles that gave wrong results there (B's tile
+    # turned around) in both layouts of the filters, and the fastest
+    configs = [(128, 256, 64, 3, 8), (128, 128, 64, 3, 4), (64, 128, 64, 4, 4), (128, 64, 64, 3, 4)]
+    return [(*c, kn) for c in configs if c[1] <= shape[3] for kn in (False, True)]
 
 
-def _tma_meta(shape, bm, bn, bk, stages, warps) -> dict:
+def _tma_meta(shape, bm, bn, bk, stages, warps, b_kn=False) -> dict:
     batch, c, size, k_out, r, stride, padding = shape
     return dict(
         R=r, S=r, PADDING=padding, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8,
-        C_CHUNKS=triton.cdiv(c, bk), num_warps=warps, num_stages=stages,
+        C_CHUNKS=triton.cdiv(c, bk), B_KN=b_kn, num_warps=warps, num_stages=stages,
     )  # fmt: skip
+
+
+def filters_for(w: torch.Tensor, meta: dict) -> torch.Tensor:
+    """(K_out, R, S, C) filters, or (R*S*C, K_out) for B_KN (a copy made once, outside the timed call)."""
+    return w.reshape(w.shape[0], -1).T.contiguous() if meta["B_KN"] else w
 
 
 def tma_call(x, w, shape, meta):
     batch, c, size, k_out, r, stride, padding = shape
+    w_for = filters_for(w, meta)
     tiles_m = triton.cdiv(batch * size * size, meta["BLOCK_SIZE_M"])
     grid = (tiles_m * triton.cdiv(k_out, meta["BLOCK_SIZE_N"]),)
 
     def call():
         y = _empty((batch, size, size, k_out), device=x.device, dtype=x.dtype)
-        _conv_tma_kernel[grid](x, w, y, batch, size, size, c, k_out, **meta)
+        _conv_tma_kernel[grid](x, w_for, y, batch, size, size, c, k_out, **meta)
         return y
 
     return call
@@ -768,9 +811,11 @@ def tma_sweep(table: Table, kept: dict, timed: bool, deadline: float) -> None:
             meta = _tma_meta(shape, *cfg)
 
             def body(row, meta=meta, x=x, w=w, shape=shape, ref=ref, fan_in=fan_in):
-                measure(row, tma_call(x, w, shape, meta), ref, fan_in, timed, plain=False)
+                call = tma_call(x, w, shape, meta)
+                poisoned_checks(call, ref, fan_in)
+                measure(row, call, ref, fan_in, timed, plain=False)
 
-            run_variant(table, shape, "tma", _fmt(meta), body)
+            run_variant(table, shape, "tma", _fmt_tma(meta), body)
         for cfg in box_configs(shape, on_gpu()):
             if time.perf_counter() > deadline:
                 print(f"budget spent: box configs of C={shape[1]} {shape[2]}^2 not run", flush=True)
@@ -778,7 +823,9 @@ def tma_sweep(table: Table, kept: dict, timed: bool, deadline: float) -> None:
             meta = _box_meta(shape, *cfg)
 
             def body(row, meta=meta, x=x, w=w, shape=shape, ref=ref, fan_in=fan_in):
-                measure(row, box_call(x, w, shape, meta), ref, fan_in, timed, plain=False)
+                call = box_call(x, w, shape, meta)
+                poisoned_checks(call, ref, fan_in)
+                measure(row, call, ref, fan_in, timed, plain=False)
 
             run_variant(table, shape, "box", _fmt_box(meta), body)
 
