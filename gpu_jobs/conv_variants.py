@@ -145,7 +145,7 @@ def _conv_box_kernel(
     R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr,
     IMG: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
-    C_CHUNKS: tl.constexpr, B_KN: tl.constexpr, STORE_TMA: tl.constexpr,
+    C_CHUNKS: tl.constexpr, B_KN: tl.constexpr, STORE_TMA: tl.constexpr, SYNC: tl.constexpr,
 ):  # fmt: skip
     """Descriptors built by each program, on the device."""
     x_desc = tl.make_tensor_descriptor(
@@ -157,7 +157,7 @@ def _conv_box_kernel(
     )
     _box_program(
         x_desc, w_desc, y_desc, y_ptr, BATCH, H, W, C, K_OUT, R, S, PADDING, IMG, BH, BW,
-        BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, C_CHUNKS, B_KN, STORE_TMA,
+        BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, C_CHUNKS, B_KN, STORE_TMA, SYNC,
     )  # fmt: skip
 
 
@@ -168,12 +168,12 @@ def _conv_box_host_kernel(
     R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr,
     IMG: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
-    C_CHUNKS: tl.constexpr, B_KN: tl.constexpr, STORE_TMA: tl.constexpr,
+    C_CHUNKS: tl.constexpr, B_KN: tl.constexpr, STORE_TMA: tl.constexpr, SYNC: tl.constexpr,
 ):  # fmt: skip
     """Descriptors built on the host (`TensorDescriptor`), passed as kernel parameters."""
     _box_program(
         x_desc, w_desc, y_desc, y_ptr, BATCH, H, W, C, K_OUT, R, S, PADDING, IMG, BH, BW,
-        BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, C_CHUNKS, B_KN, STORE_TMA,
+        BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, C_CHUNKS, B_KN, STORE_TMA, SYNC,
     )  # fmt: skip
 
 
@@ -184,7 +184,7 @@ def _box_program(
     R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr,
     IMG: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
-    C_CHUNKS: tl.constexpr, B_KN: tl.constexpr, STORE_TMA: tl.constexpr,
+    C_CHUNKS: tl.constexpr, B_KN: tl.constexpr, STORE_TMA: tl.constexpr, SYNC: tl.constexpr,
 ):  # fmt: skip
     BLOCK_SIZE_M: tl.constexpr = IMG * BH * BW
     boxes_h = tl.cdiv(H, BH)
@@ -203,6 +203,8 @@ def _box_program(
         a = x_desc.load([n0, h0 + tap // S - PADDING, w0 + tap % S - PADDING, c0])  # read IMG x BH x BW x BK
         b = _filter_tile(w_desc, pid_n * BLOCK_SIZE_N, tap * C + c0, B_KN)  # read BK x BN
         acc = tl.dot(a.reshape(BLOCK_SIZE_M, BLOCK_SIZE_K), b, acc, input_precision="ieee")
+        if SYNC:  # a use of acc outside the MMAs: the compiler waits for this step's MMAs before it
+            acc = acc + 0.0
     y = acc.to(y_ptr.dtype.element_ty)
     if STORE_TMA:
         y = y.reshape(IMG, BH, BW, BLOCK_SIZE_N)
@@ -262,11 +264,13 @@ BOX_TILES = {  # C -> (img, bh, bw, bn, bk, stages, warps)
 }  # fmt: skip
 
 
-def _box_meta(shape, img, bh, bw, bn, bk, stages, warps, b_kn=False, descriptors="device", store_tma=True):
+def _box_meta(
+    shape, img, bh, bw, bn, bk, stages, warps, b_kn=False, descriptors="device", store_tma=True, sync=False
+):
     batch, c, size, k_out, r, stride, padding = shape
     return dict(
         R=r, S=r, PADDING=padding, IMG=img, BH=bh, BW=bw, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8,
-        C_CHUNKS=triton.cdiv(c, bk), B_KN=b_kn, STORE_TMA=store_tma, HOST=descriptors == "host",
+        C_CHUNKS=triton.cdiv(c, bk), B_KN=b_kn, STORE_TMA=store_tma, SYNC=sync, HOST=descriptors == "host",
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
