@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from labkernels.lane import LANE
 
@@ -91,8 +92,10 @@ def set_enabled(flag: bool, *, direct: bool | None = None) -> None:
 
 
 def _leading_tensors(args: tuple) -> int:
+    """How many leading arguments change from call to call: tensors, and host TMA descriptors (each holds
+    a tensor's address; Triton turns it into a CUtensorMap on every launch)."""
     n = 0
-    while n < len(args) and isinstance(args[n], torch.Tensor):
+    while n < len(args) and isinstance(args[n], (torch.Tensor, TensorDescriptor)):
         n += 1
     return n
 

@@ -341,6 +341,15 @@ def _ch04_conv():
         ).permute(0, 2, 3, 1)
         got = conv2d_nhwc(x, w, bias, stride=stride, padding=padding)
         close(got, ref, f"conv2d_nhwc stride {stride} padding {padding}", MATMUL_TOL[dtype])
+    # the TMA box kernel: boxes reach past x at every edge (7 x 11 pixels, 3 images)
+    c = 64 if on_gpu() else 16
+    x, w, bias = rand(3, 7, 11, c, dtype=dtype), rand(24, 3, 3, c, dtype=dtype), rand(24, dtype=dtype)
+    ref = torch.nn.functional.conv2d(
+        x.double().permute(0, 3, 1, 2), w.double().permute(0, 3, 1, 2), bias.double(), 1, 1
+    ).permute(0, 2, 3, 1)
+    for _ in range(2):  # tunes; then the launcher with descriptors built for the call
+        got = conv2d_nhwc(x, w, bias, padding=1, kernel="tma_box")
+        close(got, ref, "conv2d_nhwc tma_box", MATMUL_TOL[dtype])
 
 
 # --- ch05: fusion ------------------------------------------------------------------------------------------

@@ -417,6 +417,7 @@ def test_conv_key_separates_what_the_checks_and_triton_read():
         key(x, w, None, True, 1),  # stride=True is refused by the checks, not taken for 1
         key(x, w, None, 1, 1.0),  # so is padding=1.0
         key(x, w.clone().requires_grad_(True), None, 1, 1),  # would need a backward: refused
+        key(x, w, None, 1, 1, "tma_box"),  # the kernel asked for
     ]
     assert all(v != base for v in variants)
     assert key(torch.randn_like(x), torch.randn_like(w), None, 1, 1) == base  # values, storage: not in it
@@ -502,6 +503,104 @@ def test_conv_16bit_gpu(case, dtype):
     atol, rtol = CONV_TOL[dtype]
     fan_in = shape[3] * shape[5] ** 2
     torch.testing.assert_close(y.double(), expected, atol=atol * fan_in**0.5, rtol=rtol)
+
+
+# --- convolution: the TMA box kernel -----------------------------------------------------------------------
+
+BOX_CASES = [  # (batch, H, W, C / channel step, K_out, R, padding): stride 1, "same"; ragged boxes
+    (2, 5, 7, 2, 24, 3, 1),
+    (3, 6, 6, 1, 40, 3, 1),
+    (1, 9, 4, 3, 8, 5, 2),
+    (2, 5, 5, 1, 16, 1, 0),
+]
+
+
+def _box_operands(batch, h, w, steps, k_out, r):
+    dtype = torch.float16 if labkernels.on_gpu() else torch.float32
+    return _conv_operands(batch, h, w, steps * conv_mod._box_channels(), k_out, r, dtype=dtype)
+
+
+@pytest.mark.parametrize("case", BOX_CASES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_conv_tma_box(monkeypatch, case, with_bias):
+    *shape, padding = case
+    monkeypatch.setattr(conv_mod, "torch", _PoisonedTorch())
+    for _ in range(3):  # tunes, keeps the launcher, launches through it; fresh values each time
+        x, w, bias = _box_operands(*shape)
+        bias = bias if with_bias else None
+        y = conv2d_nhwc(x, w, bias, padding=padding, kernel="tma_box")
+        assert not y.isnan().any()
+        _assert_conv(y, x, w, bias, padding=padding)
+    assert conv_mod.tuned_config(x, w, padding=padding)["kernel"] == "tma_box"
+    assert conv_mod._launches.get(conv_mod._launch_key(x, w, bias, 1, padding, "tma_box")).box_meta
+
+
+def test_conv_tma_box_refuses_what_it_cannot_run():
+    x, w, _ = _box_operands(1, 6, 6, 1, 8, 3)
+    with pytest.raises(ValueError, match="needs stride 1"):
+        conv2d_nhwc(x, w, stride=2, padding=1, kernel="tma_box")
+    with pytest.raises(ValueError, match="needs 'same' padding"):
+        conv2d_nhwc(x, w, padding=0, kernel="tma_box")
+    odd = x[..., 1:].contiguous()  # C one short of a multiple of the channel step
+    with pytest.raises(ValueError, match="needs C a multiple of"):
+        conv2d_nhwc(odd, w[..., 1:].contiguous(), padding=1, kernel="tma_box")
+    other = torch.float32 if labkernels.on_gpu() else torch.float16
+    with pytest.raises(ValueError, match="needs dtype"):
+        conv2d_nhwc(x.to(other), w.to(other), padding=1, kernel="tma_box")
+    buffer = torch.empty(x.numel() + 1, device=DEVICE, dtype=x.dtype)
+    shifted = buffer[1:].view(x.shape).copy_(x)  # 2 or 4 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="needs x and w at 16-byte aligned"):
+        conv2d_nhwc(shifted, w, padding=1, kernel="tma_box")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        conv2d_nhwc(x, w, padding=1, kernel="box")
+    conv2d_nhwc(x, w, padding=1, kernel="implicit_gemm")  # the other kernel takes the same call
+    assert "kernel" not in conv_mod.tuned_config(x, w, padding=1)
+
+
+def test_conv_box_shape_covers_with_the_least_waste():
+    assert conv_mod._box_shape(32, 56, 56, 128) in {(2, 8, 8), (4, 4, 8), (1, 16, 8), (8, 2, 8)}
+    for batch, h, w, pixels in ((32, 14, 14, 64), (32, 7, 7, 64), (3, 5, 9, 32), (1, 1, 300, 128)):
+        img, bh, bw = conv_mod._box_shape(batch, h, w, pixels)
+        assert img * bh * bw == pixels
+        covered = -(-batch // img) * img * -(-h // bh) * bh * -(-w // bw) * bw
+        for bh2 in (1, 2, 4, 8, 16, 32):  # no box of these pixels covers fewer
+            for bw2 in (1, 2, 4, 8, 16, 32, 64):
+                img2 = pixels // (bh2 * bw2)
+                if img2 >= 1 and img2 * bh2 * bw2 == pixels:
+                    assert covered <= -(-batch // img2) * img2 * -(-h // bh2) * bh2 * -(-w // bw2) * bw2
+
+
+@pytest.mark.gpu
+@gpu
+def test_conv_auto_takes_the_box_kernel_for_3x3_same_on_the_gpu():
+    x, w, bias = _conv_operands(4, 14, 14, 128, 96, 3, dtype=torch.float16)
+    _assert_conv(conv2d_nhwc(x, w, bias, padding=1), x, w, bias, padding=1)
+    assert conv_mod.tuned_config(x, w, padding=1)["kernel"] == "tma_box"
+    x1, w1, _ = _conv_operands(4, 14, 14, 128, 96, 1, dtype=torch.float16)
+    conv2d_nhwc(x1, w1)
+    assert "kernel" not in conv_mod.tuned_config(x1, w1)  # 1x1: implicit GEMM, as measured
+
+
+BIG_BOX_CONV = """
+import torch, labkernels
+from labkernels.ch04_libraries.conv import conv2d_nhwc, tuned_config
+x = torch.randn(2, 4097, 4097, 64, device="cuda", dtype=torch.float16)  # 2^31+ elements
+w = torch.randn(64, 3, 3, 64, device="cuda", dtype=torch.float16)
+y = conv2d_nhwc(x, w, padding=1)
+assert tuned_config(x, w, padding=1)["kernel"] == "tma_box"
+patch = torch.nn.functional.conv2d(x[1:, -4:, -5:].permute(0, 3, 1, 2).float(), w.permute(0, 3, 1, 2).float(),
+                                   padding=1)[..., 1:-1, 1:-1]  # interior of the last pixels, past 2^31
+err = (y[1:, -3:-1, -4:-1].float() - patch.permute(0, 2, 3, 1)).abs().max().item()
+assert err < 0.5, err
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+@gpu
+def test_conv_box_beyond_int32_offsets():
+    done = subprocess.run([sys.executable, "-c", BIG_BOX_CONV], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
 BIG_CONV = """

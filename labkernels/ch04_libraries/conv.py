@@ -16,6 +16,13 @@ re-reads of each input pixel hit L2. FLOPs: 2 * N*P*Q * K_out * R*S*C.
 Weights: (K_out, R, S, C) contiguous, so each output channel's R*S*C taps are contiguous (K-major B, what
 the tensor cores want). torch stores them as (K_out, C, R, S): `weight_from_torch` converts, one copy of
 the (small) weight tensor, worth doing once and keeping rather than per call.
+Two kernels compute it (`kernel=`):
+- "implicit_gemm" (`_conv_kernel`): any stride and padding; each thread computes the addresses of its part
+  of the A tile and loads it with a mask that drops the padding taps.
+- "tma_box" (`_conv_box_kernel`): stride 1 and "same" padding (P = H, Q = W), C a multiple of 64 (16 under
+  the interpreter). The A tile is a box of IMG images x BH x BW pixels x BLOCK_SIZE_K channels, one TMA
+  copy per (tap, channel step): the copy engine computes the addresses, and the parts of the box that fall
+  outside x (the padding) arrive as zeros, with no mask. "auto" takes it on the GPU wherever it applies.
 Backward is not implemented: inputs that require grad are refused.
 A call whose key (shapes, strides, dtypes, devices, alignment, options, grad mode) was seen before skips the
 checks and Triton's per-call Python: it allocates y and launches through a cached launcher
@@ -157,6 +164,169 @@ def _conv_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_valid[:, None] & (offs_n[None, :] < K_OUT))
 
 
+@triton.jit
+def _conv_box_kernel(
+    x_desc, w_desc, bias_ptr, y_ptr,
+    BATCH, H, W, C, K_OUT,
+    R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr, HAS_BIAS: tl.constexpr,
+    IMG: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+    C_CHUNKS: tl.constexpr,  # C // BLOCK_SIZE_K: a trip count the compiler knows is not zero (see below)
+):  # fmt: skip
+    """Stride 1, P = H, Q = W. x_desc: x as (N, H, W, C) in boxes (IMG, BH, BW, BLOCK_SIZE_K); w_desc: w as
+    (K_out, R*S*C) in tiles (BLOCK_SIZE_N, BLOCK_SIZE_K). Program: one box of output pixels (its rows) x
+    BLOCK_SIZE_N filters."""
+    BLOCK_SIZE_M: tl.constexpr = IMG * BH * BW
+    boxes_h = tl.cdiv(H, BH)
+    boxes_w = tl.cdiv(W, BW)
+    boxes = tl.cdiv(BATCH, IMG) * boxes_h * boxes_w
+    box, pid_n = _tile_coordinates(
+        tl.program_id(axis=0), boxes * BLOCK_SIZE_M, K_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M
+    )
+    n0 = box // (boxes_h * boxes_w) * IMG
+    h0 = box // boxes_w % boxes_h * BH
+    w0 = box % boxes_w * BW
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for step in range(R * S * C_CHUNKS):
+        tap = step // C_CHUNKS
+        c0 = step % C_CHUNKS * BLOCK_SIZE_K
+        # the box under tap (r, s): shifted by (r - pad, s - pad); where it leaves x the copy writes zeros
+        a = x_desc.load([n0, h0 + tap // S - PADDING, w0 + tap % S - PADDING, c0])  # read BM x BK (L2 mostly)
+        b = w_desc.load([pid_n * BLOCK_SIZE_N, tap * C + c0]).T  # read BK x BN (K-major, as wgmma wants)
+        acc = tl.dot(a.reshape(BLOCK_SIZE_M, BLOCK_SIZE_K), b, acc, input_precision="ieee")
+        # The reshaped box reaches the tensor cores from registers, and Triton (3.6 and 3.7) keeps a step's
+        # MMAs running while the next step overwrites those registers: measured on the H200, some configs
+        # then gave wrong outputs in some runs (gpu_jobs/conv_box_diagnose.py). Using acc here makes the
+        # compiler wait for this step's MMAs; the next step's TMA copies are already in flight.
+        acc = acc + 0.0
+    if HAS_BIAS:
+        offs_b = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        bias = tl.load(bias_ptr + offs_b, mask=offs_b < K_OUT, other=0.0)  # read K_out
+        acc += bias.to(tl.float32)[None, :]
+    rows = tl.arange(0, BLOCK_SIZE_M)
+    n = n0 + rows // (BH * BW)
+    h = h0 + rows // BW % BH
+    w = w0 + rows % BW
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    pixel = (n.to(tl.int64) * H + h) * W + w  # 64-bit: N*H*W*K_out may pass 2^31
+    inside = (n < BATCH) & (h < H) & (w < W)  # the last boxes may reach past x
+    y_ptrs = y_ptr + pixel[:, None] * K_OUT + offs_n[None, :]
+    mask = inside[:, None] & (offs_n[None, :] < K_OUT)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)  # write BM x BN
+
+
+def _box_channels() -> int:
+    """The channel step of the box kernel's configs, so C must be a multiple of it."""
+    return 64 if on_gpu() else 16
+
+
+def _box_refusal(x, w, stride: int, padding: int) -> str | None:
+    """Why the TMA box kernel cannot run this call, or None: it needs stride 1, "same" padding, C a multiple
+    of the channel step, 16-bit data on the GPU (fp32 only under the interpreter) and 16-byte aligned x and
+    w (TMA's rule)."""
+    batch, H, W, C = x.shape
+    k_out, R, S, _ = w.shape
+    dtypes = (torch.float16, torch.bfloat16) if on_gpu() else (torch.float32,)
+    if stride != 1:
+        return f"stride 1 (got {stride})"
+    if output_size(H, R, 1, padding) != H or output_size(W, S, 1, padding) != W:
+        return f"'same' padding, output H x W = input H x W (padding {padding} with a {R}x{S} filter)"
+    if C == 0 or C % _box_channels():
+        return f"C a multiple of {_box_channels()} (got {C})"
+    if x.dtype not in dtypes:
+        return f"dtype {' or '.join(str(d) for d in dtypes)} on this lane (got {x.dtype})"
+    if x.data_ptr() % 16 or w.data_ptr() % 16:
+        return "x and w at 16-byte aligned addresses"
+    return None
+
+
+def _box_shape(batch: int, H: int, W: int, pixels: int) -> tuple[int, int, int]:
+    """(IMG, BH, BW) of `pixels` output pixels, powers of two, that cover (batch, H, W) with the fewest
+    pixels that do not exist (a box reaching past x computes them and does not store them); ties go to the
+    widest box (longer contiguous rows)."""
+    best = None
+    for bh in (1, 2, 4, 8, 16, 32):
+        for bw in (1, 2, 4, 8, 16, 32, 64):
+            img = pixels // (bh * bw)
+            if img < 1 or img * bh * bw != pixels:
+                continue
+            covered = triton.cdiv(batch, img) * img * triton.cdiv(H, bh) * bh * triton.cdiv(W, bw) * bw
+            cand = (covered, -bw, (img, bh, bw))
+            best = cand if best is None or cand < best else best
+    return best[2]
+
+
+# (pixels per box, BLOCK_SIZE_N, BLOCK_SIZE_K, stages, warps): measured on the H200 against cuDNN (fp16,
+# ResNet-50 3x3 stages, gpu_jobs/conv_variants.py --tma); the tuner times those that fit each shape.
+BOX_GPU_CONFIGS = [
+    (64, 64, 64, 3, 4),
+    (64, 128, 64, 3, 4),
+    (64, 128, 128, 4, 4),
+    (64, 256, 128, 3, 4),
+    (64, 256, 64, 4, 4),
+    (128, 64, 64, 3, 4),
+    (128, 128, 64, 3, 8),
+    (128, 128, 128, 3, 8),
+]
+BOX_CPU_CONFIGS = [(16, 16, 16, 1, 4), (32, 16, 16, 1, 4)]
+
+
+def _box_metas(batch: int, H: int, W: int, C: int, k_out: int, element_size: int) -> list[dict]:
+    """The box kernel's launch options worth timing for this shape: tiles no wider than K_out, channel
+    steps that divide C, stages that fit shared memory."""
+    metas = []
+    configs = BOX_GPU_CONFIGS if on_gpu() else BOX_CPU_CONFIGS
+    n_cap = max(min(c[1] for c in configs), triton.next_power_of_2(k_out))  # the narrowest tile always fits
+    for pixels, bn, bk, stages, warps in configs:
+        if bn > n_cap or C % bk or stages * (pixels + bn) * bk * element_size > SHARED_MEMORY_BYTES:
+            continue
+        img, bh, bw = _box_shape(batch, H, W, pixels)
+        metas.append(dict(IMG=img, BH=bh, BW=bw, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8,
+                          C_CHUNKS=C // bk, num_stages=stages, num_warps=warps))  # fmt: skip
+    return metas
+
+
+def _box_descriptors(x: torch.Tensor, w: torch.Tensor, meta: dict) -> tuple:
+    """x's and w's TMA descriptors for `meta`'s box and tile (built on the host, per call: they hold the
+    addresses)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bk = meta["BLOCK_SIZE_K"]
+    k_out = w.shape[0]
+    rsc = w.numel() // k_out
+    return (
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [meta["IMG"], meta["BH"], meta["BW"], bk]),
+        TensorDescriptor(w, [k_out, rsc], [rsc, 1], [meta["BLOCK_SIZE_N"], bk]),
+    )
+
+
+def _box_grid(batch: int, H: int, W: int, k_out: int, meta: dict) -> tuple[int]:
+    boxes = triton.cdiv(batch, meta["IMG"]) * triton.cdiv(H, meta["BH"]) * triton.cdiv(W, meta["BW"])
+    return (boxes * triton.cdiv(k_out, meta["BLOCK_SIZE_N"]),)
+
+
+def _tune_box(x, w, bias_or_y, y, options: dict) -> dict:
+    """Time each of `_box_metas` once per shape (as the autotuner does: the median of a few runs) and keep
+    the fastest; the winner's output is the call's."""
+    batch, H, W, C = x.shape
+    k_out = w.shape[0]
+    timed = {}
+    for i, meta in enumerate(_box_metas(batch, H, W, C, k_out, x.element_size())):
+        full = meta | options
+
+        def call(full=full):
+            _conv_box_kernel[_box_grid(batch, H, W, k_out, full)](
+                *_box_descriptors(x, w, full), bias_or_y, y, batch, H, W, C, k_out, **full
+            )
+
+        timed[i] = (autotune_bench(call)[0], full)
+    best = min(timed.values(), key=lambda t: t[0])[1]
+    _conv_box_kernel[_box_grid(batch, H, W, k_out, best)](
+        *_box_descriptors(x, w, best), bias_or_y, y, batch, H, W, C, k_out, **best
+    )  # read x, w; write y
+    return best
+
+
 @functools.cache
 def _sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -251,13 +421,14 @@ def _check(x, w, bias, stride, padding) -> None:
 class _Known(NamedTuple):
     shape: tuple[int, int, int, int]  # y's
     contiguous_bias: bool  # else bias is copied to a contiguous one first, as the checked call did
-    launcher: object  # launcher(x, w, bias_or_y, y)
+    launcher: object  # launcher(x, w, bias_or_y, y), or launcher(x_desc, w_desc, bias_or_y, y) with box_meta
+    box_meta: dict | None = None  # the box kernel's options: its descriptors are built per call from them
 
 
 _launches = launch_cache.KeyedLaunches()
 
 
-def _launch_key(x, w, bias, stride, padding) -> tuple:
+def _launch_key(x, w, bias, stride, padding, kernel="auto") -> tuple:
     """Everything `_check` and Triton's specialization read from the arguments: shapes, strides, dtypes,
     devices, 16-byte alignment, the options with their types (stride=True is refused, not taken for 1), and
     whether autograd would need a backward (such a call raises, so its key is never kept)."""
@@ -265,7 +436,23 @@ def _launch_key(x, w, bias, stride, padding) -> tuple:
     for t in (x, w) if bias is None else (x, w, bias):
         key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w, bias) if t is not None)
-    return (*key, wants_grad, type(stride), stride, type(padding), padding)
+    return (*key, wants_grad, type(stride), stride, type(padding), padding, kernel)
+
+
+KERNELS = ("auto", "implicit_gemm", "tma_box")
+
+
+def _pick_kernel(kernel, x, w, stride: int, padding: int) -> str:
+    """The kernel a checked call runs: "auto" takes the box kernel on the GPU wherever it applies."""
+    if kernel not in KERNELS:
+        raise ValueError(f"conv2d_nhwc: kernel must be one of {KERNELS}, got {kernel!r}")
+    refusal = _box_refusal(x, w, stride, padding)
+    applies = refusal is None
+    if kernel == "tma_box" and not applies:
+        raise ValueError(f"conv2d_nhwc: kernel='tma_box' needs {refusal}")
+    if kernel == "auto":  # measured against cuDNN for 3x3 filters (ch04_conv); 1x1 stays implicit GEMM
+        return "tma_box" if applies and on_gpu() and w.shape[1] * w.shape[2] > 1 else "implicit_gemm"
+    return kernel
 
 
 def conv2d_nhwc(
@@ -275,21 +462,28 @@ def conv2d_nhwc(
     *,
     stride: int = 1,
     padding: int = 0,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """2-D convolution of x (N, H, W, C) with w (K_out, R, S, C), both contiguous and of one dtype (float16,
     bfloat16 on the GPU; float32 anywhere), plus an optional bias (K_out,). Returns y (N, P, Q, K_out)
-    contiguous (NHWC) in x's dtype, accumulated in fp32. The first call of a shape autotunes."""
+    contiguous (NHWC) in x's dtype, accumulated in fp32. The first call of a shape autotunes.
+    kernel: "implicit_gemm", "tma_box" (stride 1 and "same" padding only; the module docstring says what
+    each does) or "auto"."""
     try:
-        fast_key = _launch_key(x, w, bias, stride, padding)
+        fast_key = _launch_key(x, w, bias, stride, padding, kernel)
         known = _launches.get(fast_key)
     except Exception:  # not tensors, unhashable options, tensors without storage: the checks say so
         fast_key = known = None
     if known is not None:  # checked before: only allocate and launch
         y = x.new_empty(known.shape)  # x's dtype and device, without parsing them
         bias_or_y = y if bias is None else bias if known.contiguous_bias else bias.contiguous()
-        known.launcher(x, w, bias_or_y, y)  # read x, w; write y
+        if known.box_meta is None:
+            known.launcher(x, w, bias_or_y, y)  # read x, w; write y
+        else:
+            known.launcher(*_box_descriptors(x, w, known.box_meta), bias_or_y, y)  # read x, w; write y
         return y
     _check(x, w, bias, stride, padding)
+    chosen = _pick_kernel(kernel, x, w, stride, padding)
     batch, H, W, C = x.shape
     k_out, R, S, _ = w.shape
     P, Q = output_size(H, R, stride, padding), output_size(W, S, stride, padding)
@@ -298,6 +492,8 @@ def conv2d_nhwc(
         return y
     if C == 0:  # no channels: an empty sum, plus the bias
         return y.copy_((bias if bias is not None else torch.zeros(k_out, device=x.device)).expand_as(y))
+    if chosen == "tma_box":
+        return _box_call(x, w, bias, y, padding, fast_key)
     M = batch * P * Q
     big = max(x.numel(), w.numel(), y.numel()) + (H + W + 2) * C >= INT32_LIMIT  # margin: padded taps
     options = {"R": R, "S": S, "STRIDE": stride, "PADDING": padding, "HAS_BIAS": bias is not None, "BIG": big}
@@ -317,9 +513,33 @@ def conv2d_nhwc(
     return y
 
 
-def tuned_config(x: torch.Tensor, w: torch.Tensor, *, stride: int = 1, padding: int = 0) -> dict | None:
-    """The launch options (tile, warps, stages) kept for this shape after a call, else None."""
+def _box_call(x, w, bias, y, padding: int, fast_key) -> torch.Tensor:
+    """conv2d_nhwc by the box kernel (checked inputs): tuned on the first call of a shape, then launched
+    with descriptors built for each call's x and w."""
+    batch, H, W, C = x.shape
     k_out, R, S, _ = w.shape
+    options = {"R": R, "S": S, "PADDING": padding, "HAS_BIAS": bias is not None}
+    bias_or_y = y if bias is None else bias.contiguous()
+    key = ("tma_box", batch, H, W, C, k_out, x.dtype, *options.values())
+    meta = _tuned_meta.get(key)
+    if meta is None:  # the first call of a key: times the configs, keeps the best; y is its output
+        _tuned_meta[key] = _tune_box(x, w, bias_or_y, y, options)
+        return y
+    args = (*_box_descriptors(x, w, meta), bias_or_y, y, batch, H, W, C, k_out)
+    launcher = launch_cache.launch(_conv_box_kernel, _box_grid(batch, H, W, k_out, meta), args, meta)
+    if fast_key is not None:  # read x, w; write y (above); later calls only build descriptors and launch
+        _launches[fast_key] = _Known(y.shape, bias is None or bias.is_contiguous(), launcher, meta)
+    return y
+
+
+def tuned_config(x: torch.Tensor, w: torch.Tensor, *, stride: int = 1, padding: int = 0) -> dict | None:
+    """The launch options (tile, warps, stages) kept for this shape after a call, else None; the box
+    kernel's (when a call ran it) with "kernel": "tma_box" and its BLOCK_SIZE_M (IMG x BH x BW) added."""
+    k_out, R, S, _ = w.shape
+    box = ("tma_box", *x.shape, k_out)
+    for key, meta in _tuned_meta.items():
+        if key[:6] == box and key[7:10] == (R, S, padding) and stride == 1:
+            return meta | {"kernel": "tma_box", "BLOCK_SIZE_M": meta["IMG"] * meta["BH"] * meta["BW"]}
     for key, meta in _tuned_meta.items():
         if key[:5] == (x.shape[0], x.shape[1], x.shape[2], x.shape[3], k_out) and key[6:10] == (
             R,
