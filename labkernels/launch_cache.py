@@ -22,7 +22,9 @@ C function `compiled.run.launch`, whose argument order differs between 3.6 (a la
 kernel) and 3.7 (one launcher, given the signature per call). For a kernel with no scratch and no tensor
 descriptors the thin launcher calls that C function itself, with each tensor's address as an int, which
 also spares the C side a driver call per tensor (it translates a tensor's data_ptr() through
-cuPointerGetAttribute). Other kernels, and `LABKERNELS_THIN_LAUNCH=run`, go through `compiled.run`.
+cuPointerGetAttribute). A kernel given host TMA descriptors (triton 3.6) is launched the same way, its
+descriptors encoded once per address and kept (`_described_call`). Other kernels, and
+`LABKERNELS_THIN_LAUNCH=run`, go through `compiled.run`.
 
 Guards: the thin launcher is built only on the GPU lane, for a verified triton version, when the compiled
 kernel's recorded constexprs and 16-byte-divisible integers match the arguments it will replay, and while no
@@ -214,6 +216,60 @@ def _direct_call(compiled, grid: tuple, tail: tuple, device: int, get_stream) ->
     return call
 
 
+def _host_descriptors(compiled) -> tuple[Callable, dict] | None:
+    """For a kernel given host TMA descriptors (triton 3.6): the C launch under Triton's Python wrapper and
+    {parameter index: the descriptor's compile-time metadata}, read from that wrapper (driver.py's
+    `wrap_handle_tensordesc`, whose `inner` turns each descriptor into a CUtensorMap on every launch).
+    None when the kernel has none, or another triton, or anything is not as read."""
+    run = compiled.run
+    wrapper = getattr(run, "launch", None)
+    if _TRITON != (3, 6) or not isinstance(wrapper, types.FunctionType) or not wrapper.__closure__:
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    contents = (cell.cell_contents for cell in wrapper.__closure__)
+    cells = dict(zip(wrapper.__code__.co_freevars, contents, strict=True))
+    c_launch, indices, metas = (cells.get(n) for n in ("launcher", "tensordesc_indices", "tensordesc_meta"))
+    if c_launch is None or isinstance(c_launch, types.FunctionType) or not indices or not metas:
+        return None
+    if len(metas) != len(indices) or any(m is None for m in metas):
+        return None
+    return c_launch, dict(zip(sorted(indices), metas, strict=True))
+
+
+def _described_call(compiled, grid: tuple, tail: tuple, device: int, get_stream, described):
+    """call(leading): Triton 3.6's C launch for a kernel whose leading arguments include host TMA
+    descriptors, each expanded as Triton's wrapper does (`make_tensordesc_arg`: a CUtensorMap, its shape and
+    strides) but encoded once per (address, shape, strides, box) and kept: the encoding is a driver call
+    (cuTensorMapEncodeTiled) and depends on nothing else, so a kept one is exactly what a new one would be.
+    Tensors go in as addresses, as in `_direct_call`."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    c_launch, metas = described
+    function, packed = compiled.function, compiled.packed_metadata
+    grid_0, grid_1, grid_2 = (*grid, 1, 1)[:3]
+    flags = (int(compiled.run.launch_cooperative_grid), int(compiled.run.launch_pdl))
+    encoded: dict[tuple, tuple] = {}
+
+    def expand(i, arg) -> tuple:
+        if i not in metas:
+            return (arg.data_ptr(),)
+        key = (i, arg.base.data_ptr(), *arg.shape, *arg.strides, *arg.block_shape, arg.padding)
+        found = encoded.get(key)
+        if found is None:
+            if len(encoded) >= 64:  # addresses come and go: keep the recent ones
+                encoded.clear()
+            found = encoded[key] = tuple(make_tensordesc_arg(arg, metas[i]))
+        return found
+
+    def call(leading):
+        flat = [value for i, arg in enumerate(leading) for value in expand(i, arg)]
+        c_launch(grid_0, grid_1, grid_2, get_stream(device), function, *flags, None, None, packed,
+                 None, None, None, *flat, *tail)  # fmt: skip
+
+    return call
+
+
 def _thin_launcher(compiled, grid: tuple, full: tuple, n_tensors: int, normal) -> Callable[..., None]:
     tail = full[n_tensors:]  # scalars and constexprs of the first call, in signature order
     get_device, get_stream = _device_and_stream()
@@ -221,6 +277,10 @@ def _thin_launcher(compiled, grid: tuple, full: tuple, n_tensors: int, normal) -
     if _direct and _c_launch(compiled) is not None:
         call = _direct_call(compiled, grid, tail, device, get_stream)
         return _guarded(lambda tensors: call([t.data_ptr() for t in tensors]), device, normal, "thin")
+    described = _host_descriptors(compiled) if _direct else None
+    if described is not None and all(i < n_tensors for i in described[1]):
+        call = _described_call(compiled, grid, tail, device, get_stream, described)
+        return _guarded(call, device, normal, "thin, descriptors kept")
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     grid_0, grid_1, grid_2 = (*grid, 1, 1)[:3]
 

@@ -274,6 +274,55 @@ def test_thin_launcher_calls_tritons_c_launch_with_addresses(monkeypatch, versio
     assert normal_calls == [] and launcher.kind == "thin"
 
 
+class _Descriptor:
+    """A stand-in host TMA descriptor: what `make_tensordesc_arg` reads."""
+
+    def __init__(self, address, shape=(4, 8), block_shape=(2, 8)):
+        self.base, self.shape, self.strides = _Tensor(address), shape, (shape[1], 1)
+        self.block_shape, self.padding = block_shape, "zero"
+
+
+def _descriptor_wrapper(launcher, tensordesc_indices, tensordesc_meta):
+    """Shaped as triton 3.6's `wrap_handle_tensordesc` result: a Python `inner` over those three names."""
+
+    def inner(*args):
+        raise AssertionError("the thin launcher expands the descriptors itself", launcher, tensordesc_indices,
+                             tensordesc_meta)  # fmt: skip
+
+    return inner
+
+
+def test_thin_launcher_expands_host_descriptors_and_keeps_their_encoding(monkeypatch):
+    import triton.backends.nvidia.driver as driver
+
+    monkeypatch.setattr(launch_cache, "_TRITON", (3, 6))
+    encodings = []
+
+    def encode(arg, meta):  # Triton's expansion: a CUtensorMap, then the shape and strides
+        encodings.append((arg.base.data_ptr(), meta))
+        return [f"MAP@{arg.base.data_ptr():x}", *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+    run = _Run()
+    run.launch = _descriptor_wrapper(_Recorder(run.launches), {0}, [{"swizzle": 128}])
+    launcher, normal_calls = _stand_in(monkeypatch, run)
+    assert launcher.kind == "thin, descriptors kept"
+    launcher(_Descriptor(0xA00))
+    launcher(_Descriptor(0xA00))  # the same address, shape and box: encoded once
+    launcher(_Descriptor(0xB00))  # another address: encoded again
+    head = (5, 1, 1, 1234, 7, 0, 1, None, None, (4, 1, 0), None, None, None)
+    assert run.launches == [
+        (*head, "MAP@a00", 4, 8, 8, 1, 10, 64),
+        (*head, "MAP@a00", 4, 8, 8, 1, 10, 64),
+        (*head, "MAP@b00", 4, 8, 8, 1, 10, 64),
+    ]
+    assert encodings == [(0xA00, {"swizzle": 128}), (0xB00, {"swizzle": 128})] and normal_calls == []
+    launcher(_Descriptor(0xA00, shape=(6, 8)))  # another shape at a kept address: a new encoding
+    assert encodings[-1] == (0xA00, {"swizzle": 128}) and run.launches[-1][13:17] == ("MAP@a00", 6, 8, 8)
+    monkeypatch.setattr(launch_cache, "_TRITON", (3, 7))  # another wrapper: through compiled.run
+    assert launch_cache._host_descriptors(_Compiled(None, run)) is None
+
+
 def test_thin_launcher_goes_through_run_when_the_c_launch_is_not_enough(monkeypatch):
     monkeypatch.setattr(launch_cache, "_TRITON", (3, 7))
     scratch = _Run(global_scratch_size=128)  # device-side tensor descriptors: compiled.run allocates them
