@@ -2,9 +2,12 @@
 
 `conv_variants.py --tma` found `_conv_box_kernel` wrong in some runs and right in others, on the same
 inputs, whichever way the descriptors are built (device or host), y is stored (TMA or pointers) or the
-filters are laid out. This runs each listed config six times with its output poisoned (NaN) and prints,
-per wrong run, how many outputs are off and where (images, rows h, columns w, channels k). The last case
-is a control that passed every run.
+filters are laid out. This runs each listed config eight times with its output poisoned (NaN), without and
+with SYNC (acc used each step: the compiler then waits for the step's MMAs before the next step loads new
+values into their register operand), and prints per wrong run how many outputs are off and where. On the
+H200 (triton 3.6) the first four failed in some or all runs without SYNC and never with it. Last, the shipped
+TF32 matmul with a row-major B (`splitk._swapped_k_major`, whose wgmma also takes an operand from registers)
+is run eight times per shape: being deterministic, any run that differs from the first is a race.
 
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py
 """

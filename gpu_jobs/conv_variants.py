@@ -16,11 +16,14 @@
 4. --tma, instead of 2 and 3: A's tiles by TMA copies, for every 3x3 stride-1 "same" shape, in two kernels:
    `_conv_tma_kernel` (x as (N*H*W, C): one copy per tap, the padding rows zeroed in registers) and
    `_conv_box_kernel` (x as (N, H, W, C): a box of pixels per tap, the padding zero-filled by the copy).
-   Found on the H200 (triton 3.6): the box kernel with descriptors built on the host is the fastest
-   convolution yet, at or above cuDNN on every 3x3 shape, but some of its configs give wrong results in
-   some runs and not in others (whole boxes of outputs off, no NaN), in every variant of descriptors,
-   store and filter layout; the cause is not found, so it is not in the package. `conv_box_diagnose.py`
-   reproduces it. The register kernel is slower than the box kernel everywhere and is no longer timed.
+   Found on the H200 (triton 3.6): the box kernel with descriptors built on the host was the fastest
+   convolution, but some of its configs gave wrong results in some runs and not in others (whole boxes of
+   outputs off, no NaN), in every variant of descriptors, store and filter layout. The reshaped box reaches
+   wgmma from registers, and Triton leaves a step's MMAs running while the next step loads new values into
+   those registers; with SYNC (a use of acc each step, so the compiler waits for the MMAs) every config was
+   right in every run (`conv_box_diagnose.py`). The package's `conv._conv_box_kernel` is this kernel with
+   that wait, host descriptors and pointer stores. The register kernel is slower than the box kernel
+   everywhere and is no longer timed.
 Every result is checked against the fp64 reference (`conv.reference`): rel_err = max |y - ref| / max |ref|,
 ok = within atol 2e-2 x sqrt(fan-in), rtol 5e-3 (the tests' fp16 tolerance). Table on stdout, CSV in
 $OUT/conv_variants/results.csv. The sweep's kernels are compiled first, in parallel worker processes (a cold
