@@ -1,6 +1,8 @@
 """Chapter 04 kernels (split-K / stream-K matmul, implicit-GEMM conv): correctness against fp64 references on
 odd shapes, reproducibility, the auto rule, bad inputs. CPU lane: the interpreter, tiny shapes."""
 
+import os
+import re
 import subprocess
 import sys
 
@@ -579,6 +581,43 @@ def test_conv_auto_takes_the_box_kernel_for_3x3_same_on_the_gpu():
     x1, w1, _ = _conv_operands(4, 14, 14, 128, 96, 1, dtype=torch.float16)
     conv2d_nhwc(x1, w1)
     assert "kernel" not in conv_mod.tuned_config(x1, w1)  # 1x1: implicit GEMM, as measured
+
+
+BOX_STEP_WAITS = """
+import os, re, sys
+os.environ.pop("TRITON_INTERPRET", None)  # compile for a GPU, here on any machine
+import torch
+torch.cuda.is_available = lambda: True  # labkernels then builds the GPU lane's kernels (nothing launches)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from labkernels.ch04_libraries import conv
+meta = dict(R=3, S=3, PADDING=1, HAS_BIAS=False, IMG=8, BH=4, BW=4, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64,
+            GROUP_SIZE_M=8, C_CHUNKS=2)
+signature = {"x_desc": "tensordesc<fp16[8, 4, 4, 64]>", "w_desc": "tensordesc<fp16[128, 64]>",
+             "bias_ptr": "*fp16", "y_ptr": "*fp16", "BATCH": "i32", "H": "i32", "W": "i32", "C": "i32",
+             "K_OUT": "i32"} | {name: "constexpr" for name in meta}
+kernel = conv._conv_box_kernel
+source = ASTSource(fn=kernel, signature=signature, constexprs=meta)
+options = {"num_warps": 8, "num_stages": 3}
+ttgir = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
+loop = ttgir[ttgir.index("scf.for"):ttgir.index("scf.yield")]
+print("register A:", "ttg.local_load" in loop)
+print("waits in the step:", re.findall(r"warp_group_dot_wait[^{]*[{]pendings = ([0-9]+)", loop))
+"""
+
+
+def test_conv_box_waits_for_each_steps_mmas():
+    """The box kernel's A tile reaches the tensor cores from registers, which the next step overwrites: each
+    step must end with every MMA waited for (pendings = 0), or some runs give wrong outputs (measured on the
+    H200). Compiled for sm_90 on any machine; fails if the wait is dropped."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", BOX_STEP_WAITS], capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "register A: True" in done.stdout  # the reason for the wait is still there
+    waits = re.search(r"waits in the step: \[(.*)\]", done.stdout).group(1)
+    assert waits and waits.split(", ")[-1] == "'0'", done.stdout
 
 
 BIG_BOX_CONV = """
