@@ -9,7 +9,8 @@ H200 (triton 3.6) the first four failed in some or all runs without SYNC and nev
 TF32 matmul with a row-major B (`splitk._swapped_k_major`, whose wgmma also takes an operand from registers)
 is run eight times per shape: being deterministic, any run that differs from the first is a race.
 
-    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py            # GPU
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --smoke    # CPU lane: the TF32 launch path only
 """
 
 import sys
@@ -67,26 +68,60 @@ def conv_cases() -> None:
                 print("   ", f, flush=True)
 
 
-def tf32_register_path() -> None:
-    """The shipped TF32 matmul with a row-major B takes B^T from registers (`splitk._swapped_k_major`): the
-    same wgmma-from-registers pipeline. Deterministic, so every run must give the same bits."""
+def _swapped_tf32(a, b, c, cfg) -> None:
+    """C = A B computed as C^T = B^T A^T by `splitk._split_k_kernel` with one config, B^T from registers (as
+    `splitk._swapped_k_major` launches it, without the autotuner)."""
+    from labkernels.ch03_triton import matmul as ch03
     from labkernels.ch04_libraries import splitk
 
-    for m, n, k in ((4096, 4096, 4096), (3000, 5000, 1000), (1024, 1024, 1024)):
-        a = torch.randn(m, k, device="cuda")
-        b = torch.randn(k, n, device="cuda")
+    (m, k), n = a.shape, b.shape[1]
+    bt, at, ct = b.t(), a.t(), c.t()
+    strides = (*bt.stride(), *at.stride(), *ct.stride())
+    meta = cfg.all_kwargs() | {
+        "INPUT_PRECISION": "tf32", "BIG": False, "A_VIA_REGISTERS": True, "MODE": "direct",
+        "EVEN_K": k % cfg.kwargs["BLOCK_SIZE_K"] == 0, "ALIGN": ch03.row_alignment(m, strides),
+    }  # fmt: skip
+    grid = (splitk._tiles(n, m, meta), 1)
+    splitk._split_k_kernel[grid](bt, at, ct, ct, n, m, k, splitk.split_chunk(k, 1), *strides, **meta)
+
+
+def tf32_register_path(shapes, runs: int, configs=None) -> int:
+    """The shipped TF32 matmul with a row-major B takes B^T from registers (`splitk._swapped_k_major`), and
+    its K loop leaves MMAs pending across steps as the box kernel's did (compiled for sm_90: pendings = 3 at
+    the end of a step). Deterministic, so every run must give the same bits: each config is launched `runs`
+    times per shape, C poisoned each time. Returns the number of (shape, config) pairs with a bad run."""
+    from labkernels.ch04_libraries import splitk
+
+    device = labkernels.DEVICE
+    bad_pairs = 0
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         ref = (a.double() @ b.double()).float()
-        first = splitk.matmul(a, b, kernel="k_major", allow_tf32=True)
-        differ, bad = 0, 0
-        for _ in range(RUNS):
-            c = splitk.matmul(a, b, kernel="k_major", allow_tf32=True)
-            differ += not torch.equal(c, first)
-            bad += bool(((c - ref).abs() > 0.05 * ref.abs().max()).any())
-        err = ((first - ref).abs().max() / ref.abs().max()).item()
-        print(f"TF32 k_major {m}x{n}x{k}: {differ}/{RUNS} runs differ from the first, {bad} wrong; "
-              f"rel err {err:.1e}")  # fmt: skip
+        for cfg in configs or splitk.K_MAJOR_CONFIGS:
+            first, differ, wrong = None, 0, 0
+            for _ in range(runs):
+                c = torch.full((m, n), float("nan"), device=device)
+                _swapped_tf32(a, b, c, cfg)
+                if labkernels.on_gpu():
+                    torch.cuda.synchronize()
+                first = c.clone() if first is None else first
+                differ += not torch.equal(c, first)
+                wrong += bool(((c - ref).abs() > 0.05 * ref.abs().max()).any() or c.isnan().any())
+            kw = cfg.kwargs
+            tile = f"{kw['BLOCK_SIZE_M']}x{kw['BLOCK_SIZE_N']}x{kw['BLOCK_SIZE_K']}"
+            name = f"{tile} s{cfg.num_stages} w{cfg.num_warps}"
+            print(f"TF32 B^T from registers {m}x{n}x{k} {name}: {differ}/{runs} runs differ from the first, "
+                  f"{wrong} wrong", flush=True)  # fmt: skip
+            bad_pairs += bool(differ or wrong)
+    return bad_pairs
 
 
-torch.manual_seed(0)
-conv_cases()
-tf32_register_path()
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    if "--smoke" in sys.argv:  # the CPU lane: the TF32 launch path under the interpreter, tiny shapes
+        from labkernels.ch04_libraries import splitk
+
+        sys.exit(tf32_register_path([(37, 45, 96)], runs=2, configs=splitk.CPU_CONFIGS))
+    conv_cases()
+    shapes = [(4096, 4096, 4096), (3000, 5000, 1000), (1024, 1024, 1024), (4095, 257, 1537)]
+    sys.exit(tf32_register_path(shapes, runs=20))
