@@ -36,3 +36,14 @@ def test_alignment_experiment_smoke_mode_passes():
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "'align': 1," in done.stdout and "'align': 4," in done.stdout
+
+
+@cpu_lane
+def test_register_race_diagnosis_smoke_mode_passes():
+    """gpu_jobs/conv_box_diagnose.py: the TF32 B^T-from-registers launch it repeats on the GPU, checked."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "gpu_jobs" / "conv_box_diagnose.py"), "--smoke"],
+        cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "0/2 runs differ from the first, 0 wrong" in done.stdout
