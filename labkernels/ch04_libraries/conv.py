@@ -22,7 +22,8 @@ Two kernels compute it (`kernel=`):
 - "tma_box" (`_conv_box_kernel`): stride 1 and "same" padding (P = H, Q = W), C a multiple of 64 (16 under
   the interpreter). The A tile is a box of IMG images x BH x BW pixels x BLOCK_SIZE_K channels, one TMA
   copy per (tap, channel step): the copy engine computes the addresses, and the parts of the box that fall
-  outside x (the padding) arrive as zeros, with no mask. "auto" takes it on the GPU wherever it applies.
+  outside x (the padding) arrive as zeros, with no mask. "auto" takes it on the GPU wherever it applies,
+  for filters larger than 1x1 (the shapes it was measured on).
 Backward is not implemented: inputs that require grad are refused.
 A call whose key (shapes, strides, dtypes, devices, alignment, options, grad mode) was seen before skips the
 checks and Triton's per-call Python: it allocates y and launches through a cached launcher
@@ -171,7 +172,8 @@ def _conv_box_kernel(
     R: tl.constexpr, S: tl.constexpr, PADDING: tl.constexpr, HAS_BIAS: tl.constexpr,
     IMG: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
-    C_CHUNKS: tl.constexpr,  # C // BLOCK_SIZE_K: a trip count the compiler knows is not zero (see below)
+    C_CHUNKS: tl.constexpr,  # C // BLOCK_SIZE_K, a constant: with a loop the compiler cannot prove runs,
+    # ptxas serializes the MMAs (its warning C7515), as it did when this was computed from C
 ):  # fmt: skip
     """Stride 1, P = H, Q = W. x_desc: x as (N, H, W, C) in boxes (IMG, BH, BW, BLOCK_SIZE_K); w_desc: w as
     (K_out, R*S*C) in tiles (BLOCK_SIZE_N, BLOCK_SIZE_K). Program: one box of output pixels (its rows) x
