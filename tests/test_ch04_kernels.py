@@ -635,11 +635,16 @@ print("ok")
 """
 
 
+def _script_prints_ok(script: str) -> None:
+    """Run `script` in a fresh process (a 2^31-element input wants the GPU's memory to itself)."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
 @pytest.mark.gpu
 @gpu
 def test_conv_box_beyond_int32_offsets():
-    done = subprocess.run([sys.executable, "-c", BIG_BOX_CONV], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    _script_prints_ok(BIG_BOX_CONV)
 
 
 BIG_CONV = """
@@ -658,8 +663,7 @@ print("ok")
 @pytest.mark.gpu
 @gpu
 def test_conv_beyond_int32_offsets():
-    done = subprocess.run([sys.executable, "-c", BIG_CONV], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    _script_prints_ok(BIG_CONV)
 
 
 # --- TF32 without a copy of B ------------------------------------------------------------------------------

@@ -27,23 +27,24 @@ def test_experiment_smoke_mode_passes(script):
     assert " 0 failed or errored" in done.stdout
 
 
-@cpu_lane
-def test_alignment_experiment_smoke_mode_passes():
-    """gpu_jobs/alignment.py: the tiled kernel with ALIGN = 1 and with the true alignment, both checked."""
+def _smoke_output(script: str) -> str:
+    """stdout of `gpu_jobs/<script> --smoke`, which must exit 0."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "gpu_jobs" / "alignment.py"), "--smoke"],
+        [sys.executable, str(ROOT / "gpu_jobs" / script), "--smoke"],
         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "'align': 1," in done.stdout and "'align': 4," in done.stdout
+    return done.stdout
+
+
+@cpu_lane
+def test_alignment_experiment_smoke_mode_passes():
+    """gpu_jobs/alignment.py: the tiled kernel with ALIGN = 1 and with the true alignment, both checked."""
+    out = _smoke_output("alignment.py")
+    assert "'align': 1," in out and "'align': 4," in out
 
 
 @cpu_lane
 def test_register_race_diagnosis_smoke_mode_passes():
     """gpu_jobs/conv_box_diagnose.py: the TF32 B^T-from-registers launch it repeats on the GPU, checked."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "gpu_jobs" / "conv_box_diagnose.py"), "--smoke"],
-        cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "0/2 runs differ from the first, 0 wrong" in done.stdout
+    assert "0/2 runs differ from the first, 0 wrong" in _smoke_output("conv_box_diagnose.py")
