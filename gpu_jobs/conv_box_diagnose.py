@@ -7,17 +7,28 @@ with SYNC (acc used each step: the compiler then waits for the step's MMAs befor
 values into their register operand), and prints per wrong run how many outputs are off and where. On the
 H200 (triton 3.6) the first four failed in some or all runs without SYNC and never with it. Last, the shipped
 TF32 matmul with a row-major B (`splitk._swapped_k_major`, whose wgmma also takes an operand from registers)
-is run eight times per shape: being deterministic, any run that differs from the first is a race.
+is run 20 times per shape and config: being deterministic, any run that differs from the first is a race.
+Since the register path waits for each step's MMAs there too, --tf32 checks that shipped path and, to see
+whether the wait was needed and what it costs, `_registers_a_kernel`: the same loads, A through an
+elementwise op, the same dot, with WAIT on or off; each config's runs compared bitwise, then timed against
+cuBLAS TF32 (graph replays).
 
-    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py            # GPU
-    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --smoke    # CPU lane: the TF32 launch path only
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py            # GPU: conv cases, then TF32
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --tf32     # GPU: TF32 only
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --smoke    # CPU lane: both TF32 launches only
 """
 
+import functools  # noqa: I001  (labkernels before triton: it sets the lane)
 import sys
 
 import torch
 
-import labkernels  # noqa: F401  (before triton: it sets the lane)
+import labkernels  # noqa: F401
+import triton
+import triton.language as tl
+
+from labkernels.ch03_triton.matmul import _tile_coordinates
+from labkernels.timing import graph_ms
 
 sys.path.insert(0, "gpu_jobs")
 import conv_variants as cv  # noqa: E402
@@ -116,12 +127,110 @@ def tf32_register_path(shapes, runs: int, configs=None) -> int:
     return bad_pairs
 
 
+@triton.jit
+def _registers_a_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, WAIT: tl.constexpr,
+):  # fmt: skip
+    """C = A B in TF32, K a multiple of BLOCK_SIZE_K, A's tile through registers (`a + 0.0`) as in
+    `splitk._dot_range`'s A_VIA_REGISTERS path; WAIT: use acc after each step's dot (the shipped fix)."""
+    pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
+    offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for _ in range(0, K // BLOCK_SIZE_K):
+        a = tl.load(a_ptrs) + 0.0  # read BM x BK
+        b = tl.load(b_ptrs)  # read BK x BN
+        acc = tl.dot(a, b, acc, input_precision="tf32")
+        if WAIT:
+            acc = acc + 0.0
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc, mask=mask)  # write MN
+
+
+def _registers_a(a, b, c, cfg, wait: bool) -> None:
+    """C = A B as the shipped path computes it for a row-major B: C^T = B^T A^T, B^T from registers."""
+    (m, k), n = a.shape, b.shape[1]
+    bt, at, ct = b.t(), a.t(), c.t()
+    grid = (triton.cdiv(n, cfg.kwargs["BLOCK_SIZE_M"]) * triton.cdiv(m, cfg.kwargs["BLOCK_SIZE_N"]),)
+    _registers_a_kernel[grid](bt, at, ct, n, m, k, *bt.stride(), *at.stride(), *ct.stride(), **cfg.kwargs,
+                              WAIT=wait, num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
+
+
+def _name(cfg) -> str:
+    tile = "x".join(str(cfg.kwargs[f"BLOCK_SIZE_{d}"]) for d in "MNK")
+    return f"{tile} s{cfg.num_stages} w{cfg.num_warps}"
+
+
+def registers_a_with_and_without_wait(shapes, runs: int, configs) -> None:
+    """Each config of `_registers_a_kernel`, WAIT off and on: runs that differ from the first (bitwise) or
+    from fp64, and on the GPU the graph-replay time against cuBLAS TF32 on the same operands."""
+    device = labkernels.DEVICE
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        ref = (a.double() @ b.double()).float()
+        cublas_ms = None
+        if labkernels.on_gpu():
+            torch.backends.cuda.matmul.allow_tf32 = True
+            cublas_ms = graph_ms(functools.partial(torch.matmul, a, b), rep=50)
+            torch.backends.cuda.matmul.allow_tf32 = False
+        for cfg in configs:
+            for wait in (False, True):
+                first, differ, wrong = None, 0, 0
+                for _ in range(runs):
+                    c = torch.full((m, n), float("nan"), device=device)
+                    _registers_a(a, b, c, cfg, wait)
+                    first = c.clone() if first is None else first
+                    differ += not torch.equal(c, first)
+                    wrong += bool(((c - ref).abs() > 0.05 * ref.abs().max()).any() or c.isnan().any())
+                timing = ""
+                if cublas_ms is not None:
+                    c = torch.empty((m, n), device=device)
+                    run = functools.partial(_registers_a, a, b, c, cfg, wait)
+                    ms = graph_ms(run, rep=50)
+                    timing = f"  {ms * 1e3:.1f} us = {cublas_ms / ms:.3f} of cuBLAS ({cublas_ms * 1e3:.1f})"
+                tag = f"registers-A {m}x{n}x{k} {_name(cfg)} wait={wait}"
+                print(f"{tag}: {differ}/{runs} differ, {wrong} wrong{timing}", flush=True)
+
+
+def shipped_tf32_timing(size: int = 4096) -> None:
+    """splitk.matmul(allow_tf32=True), row-major B, against cuBLAS TF32: graph replays and plain calls."""
+    from labkernels.ch04_libraries import splitk
+    from labkernels.timing import time_ms
+
+    a = torch.randn(size, size, device=labkernels.DEVICE)
+    b = torch.randn(size, size, device=labkernels.DEVICE)
+    ours = lambda: splitk.matmul(a, b, allow_tf32=True)  # noqa: E731
+    ours()  # tunes
+    torch.backends.cuda.matmul.allow_tf32 = True
+    lib = {"graph": graph_ms(lambda: a @ b, rep=100), "plain": time_ms(lambda: a @ b, rep=100)}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    mine = {"graph": graph_ms(ours, rep=100), "plain": time_ms(ours, rep=100)}
+    cfg = splitk.tuned_config(a, b, "k_major")
+    for mode in ("graph", "plain"):
+        print(f"shipped TF32 {size}^3 {mode}: {mine[mode] * 1e3:.1f} us, cuBLAS {lib[mode] * 1e3:.1f} us: "
+              f"{lib[mode] / mine[mode]:.3f} of cuBLAS; config {cfg}", flush=True)  # fmt: skip
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    if "--smoke" in sys.argv:  # the CPU lane: the TF32 launch path under the interpreter, tiny shapes
-        from labkernels.ch04_libraries import splitk
+    from labkernels.ch04_libraries import splitk
 
+    if "--smoke" in sys.argv:  # the CPU lane: both TF32 launches under the interpreter, tiny shapes
+        registers_a_with_and_without_wait([(40, 48, 64)], runs=2, configs=splitk.CPU_CONFIGS)
         sys.exit(tf32_register_path([(37, 45, 96)], runs=2, configs=splitk.CPU_CONFIGS))
-    conv_cases()
+    if "--tf32" not in sys.argv:
+        conv_cases()
     shapes = [(4096, 4096, 4096), (3000, 5000, 1000), (1024, 1024, 1024), (4095, 257, 1537)]
-    sys.exit(tf32_register_path(shapes, runs=20))
+    bad = tf32_register_path(shapes, runs=20)
+    registers_a_with_and_without_wait([(4096, 4096, 4096), (3000, 5000, 1024)], 20, splitk.K_MAJOR_CONFIGS)
+    shipped_tf32_timing()
+    sys.exit(bad)

@@ -187,6 +187,11 @@ def _dot_range(
         if A_VIA_REGISTERS:
             a = a + 0.0  # not folded away (it turns -0.0 into +0.0): the tile goes through registers
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        if A_VIA_REGISTERS:
+            # Triton keeps up to 3 steps' MMAs running (pendings = 3) while the next steps load new values
+            # into registers; an MMA reading A from registers may then read the overwritten ones (the conv box
+            # kernel gave wrong outputs that way on the H200). Using acc makes it wait for this step's MMAs.
+            acc = acc + 0.0
         if not BIG:
             a_ptrs += BLOCK_SIZE_K * stride_ak
             b_ptrs += BLOCK_SIZE_K * stride_bk
