@@ -15,6 +15,7 @@ cuBLAS TF32 (graph replays).
 
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py            # GPU: conv cases, then TF32
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --tf32     # GPU: TF32 only
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --wait-configs  # GPU: configs with the wait
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --smoke    # CPU lane: both TF32 launches only
 """
 
@@ -220,6 +221,55 @@ def shipped_tf32_timing(size: int = 4096) -> None:
               f"{lib[mode] / mine[mode]:.3f} of cuBLAS; config {cfg}", flush=True)  # fmt: skip
 
 
+# Configs for the register path with the wait: a deeper K step (fewer waits per tile) or smaller tiles (two
+# or three programs an SM, so one program's MMAs run while another waits). (BM, BN, BK, stages, warps)
+WAIT_CONFIGS = [
+    (128, 256, 32, 4, 8), (128, 256, 64, 2, 8), (128, 128, 64, 3, 8), (128, 128, 64, 2, 4),
+    (128, 128, 32, 3, 4), (128, 128, 32, 2, 4), (64, 256, 32, 2, 4), (64, 256, 64, 2, 4),
+    (64, 128, 32, 4, 4), (64, 128, 64, 3, 4), (128, 64, 64, 3, 4), (256, 128, 32, 3, 8),
+]  # fmt: skip
+
+
+def wait_configs_sweep(shapes) -> None:
+    """`_registers_a_kernel` with the wait over WAIT_CONFIGS, checked against fp64 and timed (graph replays),
+    beside the K-major path fed by a copy of B (chapter 02's tiled Triton copy, then `splitk` on the K-major
+    view): plain calls and graph replays, against cuBLAS TF32."""
+    from labkernels.ch02_strides.triton_strided import copy_2d_tiled
+    from labkernels.ch04_libraries import splitk
+    from labkernels.timing import time_ms
+
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        ref = (a.double() @ b.double()).float()
+        torch.backends.cuda.matmul.allow_tf32 = True
+        lib = {"graph": graph_ms(functools.partial(torch.matmul, a, b), rep=50),
+               "plain": time_ms(functools.partial(torch.matmul, a, b), rep=50)}  # fmt: skip
+        torch.backends.cuda.matmul.allow_tf32 = False
+        for bm, bn, bk, stages, warps in WAIT_CONFIGS:
+            meta = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8}
+            cfg = triton.Config(meta, num_stages=stages, num_warps=warps)
+            c = torch.full((m, n), float("nan"), device="cuda")
+            try:
+                _registers_a(a, b, c, cfg, True)
+                ok = bool(((c - ref).abs() <= 0.05 * ref.abs().max()).all())
+                ms = graph_ms(functools.partial(_registers_a, a, b, c, cfg, True), rep=50)
+                verdict = f"{ms * 1e3:.1f} us = {lib['graph'] / ms:.3f} of cuBLAS (graph), ok={ok}"
+            except Exception as e:  # noqa: BLE001  (out of shared memory: the sweep goes on)
+                verdict = f"failed: {type(e).__name__}: {str(e)[:80]}"
+            print(f"wait sweep {m}x{n}x{k} {_name(cfg)}: {verdict}", flush=True)
+
+        def copied_then_k_major(a=a, b=b):
+            b_k_major = copy_2d_tiled(b.t()).t()  # read KN, write KN: B^T contiguous
+            return splitk.matmul(a, b_k_major, kernel="k_major", allow_tf32=True)
+
+        c = copied_then_k_major()
+        ok = bool(((c - ref).abs() <= 0.05 * ref.abs().max()).all())
+        for mode, timer in (("graph", graph_ms), ("plain", time_ms)):
+            ms = timer(copied_then_k_major, rep=50)
+            print(f"copy + k_major {m}x{n}x{k} {mode}: {ms * 1e3:.1f} us = {lib[mode] / ms:.3f} of cuBLAS "
+                  f"({lib[mode] * 1e3:.1f}), ok={ok}", flush=True)  # fmt: skip
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     from labkernels.ch04_libraries import splitk
@@ -227,6 +277,8 @@ if __name__ == "__main__":
     if "--smoke" in sys.argv:  # the CPU lane: both TF32 launches under the interpreter, tiny shapes
         registers_a_with_and_without_wait([(40, 48, 64)], runs=2, configs=splitk.CPU_CONFIGS)
         sys.exit(tf32_register_path([(37, 45, 96)], runs=2, configs=splitk.CPU_CONFIGS))
+    if "--wait-configs" in sys.argv:
+        sys.exit(wait_configs_sweep([(4096, 4096, 4096), (3000, 5000, 1024)]))
     if "--tf32" not in sys.argv:
         conv_cases()
     shapes = [(4096, 4096, 4096), (3000, 5000, 1000), (1024, 1024, 1024), (4095, 257, 1537)]
