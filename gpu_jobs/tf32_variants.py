@@ -2,8 +2,9 @@
 
 Chapter 04's TF32 path ("k_major") needs B K-major (wgmma takes 32-bit operands from shared memory only with
 K contiguous), so a row-major B (K, N) was copied first (`b.t().contiguous()`). This job measured, at 4096^3
-(what won, "swapped add0", now ships as splitk.py's `_swapped_k_major`, so "k_major shipped, row-major B"
-below is that path, no longer a copy):
+(what won, "swapped add0", shipped for a while; its register-operand MMAs were left pending across steps,
+see conv_box_diagnose.py, and with the wait that fixes it the copy by a tiled transpose is faster, so the
+copy ships again, by chapter 02's tiled kernel):
 - cuBLAS TF32; the shipped k_major path with a row-major B (copy) and with a K-major view of B (no copy);
 - the copy alone: torch's `b.t().contiguous()` against Triton transposes (tiled, TMA), as a fraction of a
   same-size `clone()`; and the k_major path behind the fastest of them;

@@ -263,12 +263,12 @@ print("ok")
 BIG_TF32 = """
 import torch, labkernels
 from labkernels.ch04_libraries import splitk
-m, k = 2**16 + 3, 2**15 + 8  # a (m, k) fp32: 2^31+ elements, so the swapped kernel's A^T offsets pass int32
+m, k = 2**16 + 3, 2**15 + 8  # a (m, k) fp32: 2^31+ elements, so A's offsets pass int32
 a = torch.randn(m, k, device="cuda")
-b = torch.randn(k, 16, device="cuda")  # row-major: TF32 runs as C^T = B^T A^T
+b = torch.randn(k, 16, device="cuda")  # row-major: copied K-major first
 ref = a @ b  # fp32 cuBLAS (TF32 is off for matmuls by default)
 c = splitk.matmul(a, b, allow_tf32=True)
-assert any(key[0] == "k_major" and key[-1] and key[1:4] == (16, m, k) for key in splitk._tuned)
+assert any(key[0] == "k_major" and key[1:4] == (m, 16, k) and key[-1] for key in splitk._tuned)  # BIG
 err = (c - ref).abs().max().item()
 assert err < 0.05 * k**0.5, err  # TF32 errs by ~1e-3 sqrt(k); a wrong offset by ~sqrt(k)
 print("ok")
@@ -277,7 +277,7 @@ print("ok")
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("script", [BIG_MATMUL, BIG_TF32], ids=["split_k_bf16", "tf32_swapped"])
+@pytest.mark.parametrize("script", [BIG_MATMUL, BIG_TF32], ids=["split_k_bf16", "tf32_k_major"])
 def test_matmul_beyond_int32_offsets(script):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
@@ -666,34 +666,36 @@ def test_conv_beyond_int32_offsets():
     _script_prints_ok(BIG_CONV)
 
 
-# --- TF32 without a copy of B ------------------------------------------------------------------------------
+# --- TF32: B read K-major -----------------------------------------------------------------------------------
 
 
-def _k_major_keys(m, n, k) -> set:
-    """The a_via_registers flag of every k_major launch kept for this (launch) M, N, K."""
-    return {key[-1] for key in splitk._tuned if key[0] == "k_major" and key[1:4] == (m, n, k)}
+def _k_major_launched(m, n, k) -> bool:
+    return any(key[0] == "k_major" and key[1:4] == (m, n, k) for key in splitk._tuned)
 
 
-def test_matmul_tf32_row_major_b_is_not_copied():
-    """A row-major B goes through C^T = B^T A^T (B^T from registers): its launch is (N, M, K), flagged."""
+def test_matmul_tf32_row_major_b_is_copied_k_major():
+    """A row-major B is copied K-major (chapter 02's tiled transpose), exactly, then multiplied (M, N, K)."""
     a, b = _operands(37, 53, 301)
     _assert_matmul(matmul(a, b, kernel="k_major", allow_tf32=True), a, b, TF32_TOL)
-    assert True in _k_major_keys(53, 37, 301)
+    assert _k_major_launched(37, 53, 301)
+    copied = splitk._k_major(b)
+    assert copied.stride(0) == 1 and copied.data_ptr() != b.data_ptr() and torch.equal(copied, b)
     assert splitk.tuned_config(a, b, "k_major") is not None
 
 
 def test_matmul_tf32_k_major_view_and_strided_a():
-    """B already K-major is read as it is (no swap); an A with non-contiguous rows takes the copy path."""
+    """B already K-major is read as it is (no copy); an A with non-contiguous rows works too."""
     a, bt = torch.randn(29, 131, device=DEVICE), torch.randn(45, 131, device=DEVICE)
+    assert splitk._k_major(bt.t()).data_ptr() == bt.data_ptr()
     _assert_matmul(matmul(a, bt.t(), kernel="k_major", allow_tf32=True), a, bt.t(), TF32_TOL)
-    assert False in _k_major_keys(29, 45, 131)
+    assert _k_major_launched(29, 45, 131)
     a_cols = torch.randn(131, 31, device=DEVICE).t()  # (31, 131), column-major
     b = torch.randn(131, 47, device=DEVICE)
     _assert_matmul(matmul(a_cols, b, kernel="k_major", allow_tf32=True), a_cols, b, TF32_TOL)
-    assert False in _k_major_keys(31, 47, 131)
+    assert _k_major_launched(31, 47, 131)
 
 
-def test_matmul_tf32_swapped_backward():
+def test_matmul_tf32_backward():
     a = torch.randn(19, 67, device=DEVICE, requires_grad=True)
     b = torch.randn(67, 23, device=DEVICE, requires_grad=True)
     g = torch.randn(19, 23, device=DEVICE)

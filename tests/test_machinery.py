@@ -132,14 +132,15 @@ def test_graph_ms_times_the_work_of_this_lane():
     assert 0.5 * plain <= graph <= 2 * plain, f"graph_ms {graph:.4f} ms vs time_ms {plain:.4f} ms"
 
 
-def test_autotune_bench_works_for_triton_autotune_in_this_lane():
+@pytest.mark.parametrize("bench", ["autotune_bench", "graph_autotune_bench"])
+def test_autotune_bench_works_for_triton_autotune_in_this_lane(bench):
     import triton
     import triton.language as tl
 
     @triton.autotune(
         configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})],
         key=["n"],
-        do_bench=timing.autotune_bench,
+        do_bench=getattr(timing, bench),
     )
     @triton.jit
     def _fill(out_ptr, n, BLOCK: tl.constexpr):

@@ -48,7 +48,7 @@ import triton.language as tl
 from labkernels import launch_cache
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU, INT32_MAX
 from labkernels.lane import DEVICE, LANE, on_gpu, require_device, sm_count
-from labkernels.timing import autotune_bench, graph_ms
+from labkernels.timing import autotune_bench, graph_autotune_bench, graph_ms
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "relu", "gelu")
@@ -331,7 +331,7 @@ _matmul_kernel = triton.autotune(
     configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION", "INDEX_64"],  # triton adds dtypes
     prune_configs_by={"early_config_prune": _prune_by_shared_memory},
-    do_bench=autotune_bench,
+    do_bench=graph_autotune_bench,
 )(triton.heuristics({"EVEN_K": _even_k, "ALIGN": _alignment})(_matmul_tiles))
 
 
@@ -360,7 +360,7 @@ _matmul_tma_kernel = triton.autotune(
     configs=TMA_CONFIGS if LANE == "gpu" else CPU_TMA_CONFIGS,
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION"],  # tensor dtypes are added by triton
     prune_configs_by={"early_config_prune": functools.partial(_prune_by_shared_memory, c_staged=True)},
-    do_bench=autotune_bench,
+    do_bench=graph_autotune_bench,
 )(_matmul_tma_persistent)
 
 

@@ -28,12 +28,13 @@ TF32: a wgmma (Hopper tensor-core) instruction takes 32-bit operands from shared
 K contiguous in memory. A row-major B (K, N) is N-major, so Triton turns each tile around element by element
 (4-byte copies), which is why chapter 03's TF32 matmul runs at a fraction of cuBLAS. With `allow_tf32=True`,
 fp32 inputs go through the "k_major" kernel. A B that is already K-major (b = w.t() of a row-major weight, as
-in a linear layer) is read as it is. Any other B is not copied: the kernel computes C^T = B^T A^T, whose
-right operand A^T is K-major (A is row-major) and whose left operand B^T goes to wgmma from *registers*,
-where any layout is allowed. Triton takes that path when an elementwise op stands between the load and the
-dot (`A_VIA_REGISTERS`: a + 0.0); the tile is then stored transposed into C. (Copying B to K-major instead
-costs a read and a write of 4KN bytes per call: ~35 us at 4096 x 4096 with a good transpose, measured by
-gpu_jobs/tf32_variants.py.)
+in a linear layer) is read as it is; any other B is first copied K-major by chapter 02's tiled transpose
+(read KN, write KN: 4KN bytes more per call).
+The copy's alternative, C^T = B^T A^T with B^T fed to wgmma from registers (where any layout is allowed),
+copies nothing, but Triton (3.6, 3.7) lets a step's register-operand MMAs run on while the next step loads
+new values into those registers, which PTX leaves undefined (chapter 04's box convolution gave wrong outputs
+that way). Waiting for each step's MMAs makes it correct and slower than the copy: on the H200, 0.71 against
+0.80 of cuBLAS at 4096^3 in graph replays (gpu_jobs/conv_box_diagnose.py --wait-configs).
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ import torch
 import triton
 import triton.language as tl
 
+from labkernels.ch02_strides.triton_strided import copy_2d_tiled
 from labkernels.ch03_triton import matmul as ch03
 from labkernels.ch03_triton.matmul import _tile_coordinates, check_operands  # grouped order, as ch03 teaches
 from labkernels.lane import DEVICE, LANE, on_gpu, sm_count
-from labkernels.timing import autotune_bench, graph_ms
+from labkernels.timing import graph_autotune_bench, graph_ms
 
 KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "k_major")
 CH03_KERNELS = ("tiled", "tma_persistent")
@@ -85,7 +87,7 @@ STREAM_K_CONFIGS = [
 # TF32 (fp32 operands): a stage holds twice the bytes of a 16-bit one, so BLOCK_SIZE_K 32 (128-byte rows,
 # one swizzle line) and fewer stages: 128 x 256 x 32 x 4 bytes x 3 stages = 144 KiB of shared memory.
 K_MAJOR_CONFIGS = [
-    _config(128, 256, 32, stages=4, warps=8),  # 192 KiB: the fastest swapped (C^T) config at 4096^3
+    _config(128, 256, 32, stages=4, warps=8),  # 192 KiB
     _config(128, 256, 32, stages=3, warps=8),
     _config(256, 128, 32, stages=3, warps=8),
     _config(128, 128, 32, stages=4, warps=8),
@@ -154,12 +156,10 @@ def _dot_range(
     stride_am, stride_ak, stride_bk, stride_bn,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    EVEN_K: tl.constexpr, BIG: tl.constexpr, A_VIA_REGISTERS: tl.constexpr, ALIGN: tl.constexpr,
+    EVEN_K: tl.constexpr, BIG: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     """The fp32 sum over K-steps [k_lo, k_hi) of one tile's products. Rows and columns past the edge wrap
     (% M, % N: valid memory, never stored). BIG: some offset can pass 2^31, so offsets are 64-bit.
-    A_VIA_REGISTERS: the A tile passes through an elementwise op, so wgmma takes it from registers, in any
-    layout (a 32-bit A that is not K-major would otherwise be turned around in shared memory).
     ALIGN: N and the row strides are multiples of it (`ch03.row_alignment`; chapter 03's kernel says why).
     The full K-steps load unmasked and the ragged last one (if in range) masked, once."""
     if ALIGN > 1:  # x // ALIGN * ALIGN is x, and the compiler now knows it: 16-byte copies
@@ -184,14 +184,7 @@ def _dot_range(
             b_ptrs = b_ptr + kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn
         a = tl.load(a_ptrs)  # read BM x BK
         b = tl.load(b_ptrs)  # read BK x BN
-        if A_VIA_REGISTERS:
-            a = a + 0.0  # not folded away (it turns -0.0 into +0.0): the tile goes through registers
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        if A_VIA_REGISTERS:
-            # Triton keeps up to 3 steps' MMAs running (pendings = 3) while the next steps load new values
-            # into registers; an MMA reading A from registers may then read the overwritten ones (the conv box
-            # kernel gave wrong outputs that way on the H200). Using acc makes it wait for this step's MMAs.
-            acc = acc + 0.0
         if not BIG:
             a_ptrs += BLOCK_SIZE_K * stride_ak
             b_ptrs += BLOCK_SIZE_K * stride_bk
@@ -204,8 +197,6 @@ def _dot_range(
             b_ptrs = b_ptr + kk[:, None] * stride_bk + offs_bn[None, :] * stride_bn
             a = tl.load(a_ptrs, mask=kk[None, :] < K, other=0.0)
             b = tl.load(b_ptrs, mask=kk[:, None] < K, other=0.0)
-            if A_VIA_REGISTERS:
-                a = a + 0.0
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
     return acc
 
@@ -219,7 +210,6 @@ def _split_k_kernel(
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr, BIG: tl.constexpr,
     MODE: tl.constexpr,  # "direct": one split, store C; "partials": store ws[split]; "atomic": add into ws
-    A_VIA_REGISTERS: tl.constexpr = False,
     ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of it (`ch03.row_alignment`)
 ):  # fmt: skip
     """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT)."""
@@ -230,7 +220,7 @@ def _split_k_kernel(
     k_hi = tl.minimum(k_lo + steps_per_split, tl.cdiv(K, BLOCK_SIZE_K))
     acc = _dot_range(
         a_ptr, b_ptr, pid_m, pid_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-        INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, A_VIA_REGISTERS, ALIGN,
+        INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, ALIGN,
     )  # fmt: skip
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -286,7 +276,7 @@ def _stream_k_kernel(
         acc = _dot_range(
             a_ptr, b_ptr, pid_m, pid_n, lo - tile_begin, hi - tile_begin, M, N, K,
             stride_am, stride_ak, stride_bk, stride_bn,
-            INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, False, ALIGN,
+            INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, ALIGN,
         )  # fmt: skip
         if hi < tile_begin + steps_per_tile:  # a later program finishes this tile: publish the partial
             tl.store(ws_ptr + pid * (BLOCK_SIZE_M * BLOCK_SIZE_N) + slot, acc)  # write BM x BN fp32
@@ -344,11 +334,11 @@ def _autotuned(fn, configs, key):
         configs=configs if LANE == "gpu" else CPU_CONFIGS,
         key=key,
         prune_configs_by={"early_config_prune": _block_fits},
-        do_bench=autotune_bench,
+        do_bench=graph_autotune_bench,
     )(triton.heuristics({"EVEN_K": _even_k})(fn))
 
 
-_SPLIT_K_KEY = ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG", "A_VIA_REGISTERS"]
+_SPLIT_K_KEY = ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG"]
 _split_k_tuned = _autotuned(_split_k_kernel, SPLIT_K_CONFIGS, _SPLIT_K_KEY)
 _k_major_tuned = _autotuned(_split_k_kernel, K_MAJOR_CONFIGS, _SPLIT_K_KEY)
 _stream_k_tuned = _autotuned(_stream_k_kernel, STREAM_K_CONFIGS, ["M", "N", "K", "INPUT_PRECISION", "BIG"])
@@ -409,7 +399,7 @@ def _tiles(M: int, N: int, meta: dict) -> int:
     return triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
 
 
-def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned, a_via_registers=False) -> None:
+def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> None:
     """split == 1: one kernel storing C. Else the partials kernel and the fixed-order sum (deterministic),
     or atomics into a zeroed fp32 workspace and a cast (not)."""
     (M, K), N = a.shape, b.shape[1]
@@ -417,9 +407,9 @@ def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned, a_via
     split = triton.cdiv(K, chunk)  # rounding the chunk up may leave fewer splits
     strides = (*a.stride(), *b.stride(), *c.stride())
     align = ch03.row_alignment(N, strides)
-    options = {"INPUT_PRECISION": precision, "BIG": big, "A_VIA_REGISTERS": a_via_registers, "ALIGN": align}
+    options = {"INPUT_PRECISION": precision, "BIG": big, "ALIGN": align}
     kind = "k_major" if autotuned is _k_major_tuned else "split_k"
-    key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big, a_via_registers)
+    key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big)
     grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
     if split == 1:
         _launch(
@@ -496,10 +486,18 @@ def _is_k_major(b: torch.Tensor) -> bool:
     return b.stride(0) == 1 and (b.shape[1] == 1 or b.stride(1) >= b.shape[0])
 
 
+# Chapter 02's tiled transpose, one tile size: 128 x 64 fp32 with 8 warps was the autotuner's pick for a
+# transposed 4096 x 4096 copy on the H200 (ch02_transpose.csv). One config: no tuning on the call's path.
+TRANSPOSE_TILE = (128, 64, 8) if LANE == "gpu" else (64, 64, 4)
+
+
 def _k_major(b: torch.Tensor) -> torch.Tensor:
-    """b (K, N) as a view whose K index is contiguous: b itself if it already is, else a copy
-    (read KN, write KN): wgmma takes 32-bit operands from shared memory only with K contiguous."""
-    return b if _is_k_major(b) else b.t().contiguous().t()
+    """b (K, N) as a view whose K index is contiguous: b itself if it already is, else a copy by chapter 02's
+    tiled transpose (read KN, write KN): wgmma takes 32-bit operands from shared memory only K-major."""
+    if _is_k_major(b):
+        return b
+    block_m, block_n, warps = TRANSPOSE_TILE
+    return copy_2d_tiled(b.t(), block_m=block_m, block_n=block_n, num_warps=warps).t()
 
 
 _auto_choices: dict[tuple, str] = {}
@@ -541,16 +539,6 @@ def _ch03_kernel(a, b, allow_tf32) -> str:
     return ch03.tuned_config(a, b, input_precision=precision)[0]
 
 
-def _swapped_k_major(a, b) -> torch.Tensor:
-    """TF32 C = A B with B not K-major, without copying B: C^T = B^T A^T, where A^T (K, M) is K-major (A is
-    row-major) and B^T is fed from registers. Read MK + KN at best, write MN (through C^T's strides)."""
-    M, N = a.shape[0], b.shape[1]
-    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-    big = max(_span(a), _span(b), M * N) >= INT32_LIMIT
-    _run_split_k(b.t(), a.t(), c.t(), "tf32", 1, False, big, _k_major_tuned, a_via_registers=True)
-    return c
-
-
 def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
     (M, K), N = a.shape, b.shape[1]
     if M == 0 or N == 0 or K == 0:  # an empty sum is 0; nothing to launch
@@ -559,8 +547,6 @@ def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
     precision = "tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee"
     if kernel == "ch03" or kernel in CH03_KERNELS:
         return ch03.matmul(a, b, input_precision=precision, kernel="auto" if kernel == "ch03" else kernel)
-    if kernel == "k_major" and precision == "tf32" and a.stride(1) == 1 and not _is_k_major(b):
-        return _swapped_k_major(a, b)
     if precision == "tf32" or kernel == "k_major":
         b = _k_major(b)
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -637,11 +623,7 @@ def tuned_config(
     if kernel in CH03_KERNELS:
         return ch03.tuned_config(a, b, kernel=kernel)[1]
     for key, tuned in _tuned.items():
-        swapped = key[0] == "k_major" and key[-1]  # launched as C^T = B^T A^T: its M, N are C's N, M
-        if (
-            key[0] == kernel
-            and key[1:4] == ((N, M, K) if swapped else (M, N, K))
-            and (split_k is None or kernel != "split_k" or key[4] == split_k)
-        ):
+        same_split = split_k is None or kernel != "split_k" or key[4] == split_k
+        if key[0] == kernel and key[1:4] == (M, N, K) and same_split:
             return tuned.config
     return None
