@@ -268,7 +268,8 @@ a = torch.randn(m, k, device="cuda")
 b = torch.randn(k, 16, device="cuda")  # row-major: copied K-major first
 ref = a @ b  # fp32 cuBLAS (TF32 is off for matmuls by default)
 c = splitk.matmul(a, b, allow_tf32=True)
-assert any(key[0] == "k_major" and key[1:4] == (m, 16, k) and key[-1] for key in splitk._tuned)  # BIG
+tuned = splitk._tuned
+assert any(key[0] == "k_major_tma" and key[1:4] == (m, 16, k) and key[-1] for key in tuned)  # BIG
 err = (c - ref).abs().max().item()
 assert err < 0.05 * k**0.5, err  # TF32 errs by ~1e-3 sqrt(k); a wrong offset by ~sqrt(k)
 print("ok")
@@ -670,7 +671,7 @@ def test_conv_beyond_int32_offsets():
 
 
 def _k_major_launched(m, n, k) -> bool:
-    return any(key[0] == "k_major" and key[1:4] == (m, n, k) for key in splitk._tuned)
+    return any(key[0].startswith("k_major") and key[1:4] == (m, n, k) for key in splitk._tuned)
 
 
 def test_matmul_tf32_row_major_b_is_copied_k_major():
@@ -681,6 +682,22 @@ def test_matmul_tf32_row_major_b_is_copied_k_major():
     copied = splitk._k_major(b)
     assert copied.stride(0) == 1 and copied.data_ptr() != b.data_ptr() and torch.equal(copied, b)
     assert splitk.tuned_config(a, b, "k_major") is not None
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "dtype"), [(37, 53, 300, torch.float32), (130, 66, 1032, torch.float16)]
+)
+def test_matmul_k_major_tma_kernel_poisoned(monkeypatch, m, n, k, dtype):
+    """Rows 16-byte aligned: "k_major" loads through TMA (`_k_major_tma_kernel`; ragged M, N, K zero-filled
+    by the copy engine), every element of C written. Rows that are not (K = 301) take the pointer kernel."""
+    monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
+    a, b = _operands(m, n, k, dtype)
+    tol = TF32_TOL if dtype == torch.float32 else MATMUL_TOL[dtype]
+    _assert_matmul(matmul(a, b, kernel="k_major", allow_tf32=dtype == torch.float32), a, b, tol)
+    assert any(key[0] == "k_major_tma" and key[1:4] == (m, n, k) for key in splitk._tuned)
+    a, b = _operands(m, n, 301, dtype)
+    _assert_matmul(matmul(a, b, kernel="k_major", allow_tf32=dtype == torch.float32), a, b, tol)
+    assert any(key[0] == "k_major" and key[1:4] == (m, n, 301) for key in splitk._tuned)
 
 
 def test_matmul_tf32_k_major_view_and_strided_a():

@@ -57,6 +57,7 @@ KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "k_major")
 CH03_KERNELS = ("tiled", "tma_persistent")
 SHARED_MEMORY_BYTES = ch03.SHARED_MEMORY_BYTES
 INT32_LIMIT = 2**31
+K_MAJOR_TMA = True  # "k_major" loads through TMA where the operands allow it (`_tma_fits`)
 SPLIT_K_GRANULE = 256  # each split's K range is a multiple of this, so of every BLOCK_SIZE_K below
 MAX_SPLIT = 128
 REFERENCE_TILE = 128  # the tile the auto rule counts with (the common size in chapter 03's winners)
@@ -94,6 +95,14 @@ K_MAJOR_CONFIGS = [
     _config(128, 128, 32, stages=5, warps=4),
 ]
 CPU_CONFIGS = [_config(32, 32, 32, stages=1, warps=4, group=4)]  # one config: the interpreter never times
+# The K-major kernel through TMA copies (`_k_major_tma_kernel`): persistent, C stored through pointers.
+K_MAJOR_TMA_CONFIGS = [
+    _config(128, 256, 32, stages=4, warps=8),
+    _config(128, 256, 32, stages=3, warps=8),
+    _config(256, 128, 32, stages=3, warps=8),
+    _config(128, 128, 32, stages=4, warps=8),
+    _config(128, 128, 64, stages=3, warps=8),
+]
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -305,6 +314,38 @@ def _stream_k_kernel(
         hi = lo
 
 
+@triton.jit
+def _k_major_tma_kernel(
+    a_ptr, bt_ptr, c_ptr, M, N, K, stride_am, stride_btn, stride_cm, stride_cn,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, BIG: tl.constexpr,
+):  # fmt: skip
+    """C = A B with A (M, K) row-major and B given as B^T (N, K) row-major, i.e. B K-major: both operands
+    come by TMA copies, K-contiguous as wgmma wants 32-bit operands; past M, N or K the copy engine fills
+    zeros, so no masks. Persistent: program p takes tiles p, p + NUM_PROGRAMS, ... The tile loop is not
+    flattened: flattened, the next tile's copies would be in flight during the store, whose fp32 tile passes
+    through shared memory too (128 x 256 x 4 bytes beside the stages: more than an SM has)."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_SIZE_M, BLOCK_SIZE_K])
+    b_desc = tl.make_tensor_descriptor(bt_ptr, [N, K], [stride_btn, 1], [BLOCK_SIZE_N, BLOCK_SIZE_K])
+    num_tiles = tl.cdiv(M, BLOCK_SIZE_M) * tl.cdiv(N, BLOCK_SIZE_N)
+    for tile_id in tl.range(tl.program_id(axis=0), num_tiles, NUM_PROGRAMS, flatten=False):
+        pid_m, pid_n = _tile_coordinates(tile_id, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])  # read BM x BK
+            bt = b_desc.load([pid_n * BLOCK_SIZE_N, k * BLOCK_SIZE_K])  # read BN x BK
+            acc = tl.dot(a, bt.T, acc, input_precision=INPUT_PRECISION)
+        offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        if BIG:
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write BM x BN
+
+
 # --- autotuning and launching ------------------------------------------------------------------------------
 
 
@@ -342,6 +383,12 @@ _SPLIT_K_KEY = ["M", "N", "K", "K_SPLIT", "INPUT_PRECISION", "BIG"]
 _split_k_tuned = _autotuned(_split_k_kernel, SPLIT_K_CONFIGS, _SPLIT_K_KEY)
 _k_major_tuned = _autotuned(_split_k_kernel, K_MAJOR_CONFIGS, _SPLIT_K_KEY)
 _stream_k_tuned = _autotuned(_stream_k_kernel, STREAM_K_CONFIGS, ["M", "N", "K", "INPUT_PRECISION", "BIG"])
+_k_major_tma_tuned = triton.autotune(
+    configs=K_MAJOR_TMA_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
+    key=["M", "N", "K", "INPUT_PRECISION", "BIG"],
+    prune_configs_by={"early_config_prune": _block_fits},
+    do_bench=graph_autotune_bench,
+)(_k_major_tma_kernel)
 
 
 class _Tuned(NamedTuple):
@@ -464,6 +511,37 @@ def _run_stream_k(a, b, c, precision, big) -> None:
     _launch(key, _stream_k_tuned, _stream_k_kernel, grid, args, options, K)
 
 
+def _tma_fits(a: torch.Tensor, bt: torch.Tensor) -> bool:
+    """TMA copies read rows that are contiguous, start 16-byte aligned and lie a multiple of 16 bytes apart;
+    the copy engine is Hopper's (compute capability 9.0) or later. The interpreter emulates it."""
+    if on_gpu() and not ch03._has_tma():
+        return False
+    size = a.element_size()
+
+    def rows_fit(t: torch.Tensor) -> bool:
+        return t.stride(1) == 1 and t.stride(0) * size % 16 == 0 and t.shape[1] * size >= 16
+
+    return rows_fit(a) and rows_fit(bt) and a.data_ptr() % 16 == 0 and bt.data_ptr() % 16 == 0
+
+
+def _run_k_major_tma(a, b, c, precision, big) -> None:
+    """`_k_major_tma_kernel` on a and b's K-major view (b.t() is then row-major): read MK + KN, write MN."""
+    (M, K), N = a.shape, b.shape[1]
+    bt = b.t()
+    programs = num_sms(a.device)
+    args = (a, bt, c, M, N, K, a.stride(0), bt.stride(0), *c.stride())
+    key = ("k_major_tma", M, N, K, a.dtype, c.dtype, precision, big)
+    grid = lambda meta: (min(programs, _tiles(M, N, meta)),)  # noqa: E731
+    tuned = _tuned.get(key)
+    if tuned is not None:
+        _k_major_tma_kernel[grid(tuned.meta)](*args, **tuned.meta)
+        return
+    options = {"INPUT_PRECISION": precision, "BIG": big, "NUM_PROGRAMS": programs}
+    _k_major_tma_tuned[grid](*args, **options)
+    best = _k_major_tma_tuned.best_config
+    _tuned[key] = _Tuned(best, best.all_kwargs() | options)
+
+
 # --- checks, choice, entry point ---------------------------------------------------------------------------
 
 
@@ -554,6 +632,9 @@ def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
     if kernel == "stream_k":
         _run_stream_k(a, b, c, precision, big)
         return c
+    if kernel == "k_major" and K_MAJOR_TMA and _tma_fits(a, b.t()):
+        _run_k_major_tma(a, b, c, precision, big)
+        return c
     split = 1 if kernel == "k_major" else (split_k or split_for(M, N, K, num_sms(a.device)))
     big = big or (split > 1 and split * M * N >= INT32_LIMIT)  # the partials' workspace
     autotuned = _k_major_tuned if kernel == "k_major" else _split_k_tuned
@@ -624,6 +705,7 @@ def tuned_config(
         return ch03.tuned_config(a, b, kernel=kernel)[1]
     for key, tuned in _tuned.items():
         same_split = split_k is None or kernel != "split_k" or key[4] == split_k
-        if key[0] == kernel and key[1:4] == (M, N, K) and same_split:
+        same_kernel = key[0] == kernel or (kernel == "k_major" and key[0] == "k_major_tma")
+        if same_kernel and key[1:4] == (M, N, K) and same_split:
             return tuned.config
     return None
