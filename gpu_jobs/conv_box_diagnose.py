@@ -12,8 +12,9 @@ loop, compiled for sm_90, left 3 MMAs pending while the next step loaded new val
 (undefined in PTX). --tf32 runs `_registers_a_kernel` (those loads, A through an elementwise op, that dot)
 with WAIT off and on, 20 runs per config compared bitwise, then timed against cuBLAS TF32 (graph replays).
 Measured on the H200: no run differed without the wait, and the wait cost 20% (0.91 -> 0.71 of cuBLAS at
-4096^3). --wait-configs sweeps configs with the wait beside the path that ships instead: B copied K-major
-by chapter 02's tiled transpose, then the K-major kernel (0.80 of cuBLAS at 4096^3, graph replays).
+4096^3). --wait-configs sweeps configs with the wait beside B copied K-major by chapter 02's tiled transpose,
+then the K-major pointer kernel (0.80 of cuBLAS at 4096^3, graph replays); the copy ships, followed by the
+K-major TMA kernel (`splitk._k_major_tma_kernel`), the `tf32` rows of ch04_matmul.csv.
 
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py            # GPU: conv cases, then TF32
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --tf32     # GPU: the TF32 register kernel

@@ -27,14 +27,15 @@ one candidate, the first call of a shape times each once and keeps the fastest (
 TF32: a wgmma (Hopper tensor-core) instruction takes 32-bit operands from shared memory only "K-major",
 K contiguous in memory. A row-major B (K, N) is N-major, so Triton turns each tile around element by element
 (4-byte copies), which is why chapter 03's TF32 matmul runs at a fraction of cuBLAS. With `allow_tf32=True`,
-fp32 inputs go through the "k_major" kernel. A B that is already K-major (b = w.t() of a row-major weight, as
-in a linear layer) is read as it is; any other B is first copied K-major by chapter 02's tiled transpose
-(read KN, write KN: 4KN bytes more per call).
+fp32 inputs go through the "k_major" kernels. A B that is already K-major (b = w.t() of a row-major weight,
+as in a linear layer) is read as it is; any other B is first copied K-major by chapter 02's tiled transpose
+(read KN, write KN: 4KN bytes more per call). Where the rows allow TMA copies (16-byte aligned, Hopper),
+`_k_major_tma_kernel` loads both operands through the copy engine; elsewhere the pointer kernel does.
 The copy's alternative, C^T = B^T A^T with B^T fed to wgmma from registers (where any layout is allowed),
 copies nothing, but Triton (3.6, 3.7) lets a step's register-operand MMAs run on while the next step loads
 new values into those registers, which PTX leaves undefined (chapter 04's box convolution gave wrong outputs
-that way). Waiting for each step's MMAs makes it correct and slower than the copy: on the H200, 0.71 against
-0.80 of cuBLAS at 4096^3 in graph replays (gpu_jobs/conv_box_diagnose.py --wait-configs).
+that way). Waiting for each step's MMAs makes it correct and slower than the copy
+(gpu_jobs/conv_box_diagnose.py --wait-configs measures both).
 """
 
 from __future__ import annotations
