@@ -698,6 +698,10 @@ def test_matmul_k_major_tma_kernel_poisoned(monkeypatch, m, n, k, dtype):
     a, b = _operands(m, n, 301, dtype)
     _assert_matmul(matmul(a, b, kernel="k_major", allow_tf32=dtype == torch.float32), a, b, tol)
     assert any(key[0] == "k_major" and key[1:4] == (m, n, 301) for key in splitk._tuned)
+    a, b = _operands(1, n, k, dtype)
+    a = a.expand(m + 1, k)  # row stride 0: no TMA descriptor
+    _assert_matmul(matmul(a, b, kernel="k_major", allow_tf32=dtype == torch.float32), a, b, tol)
+    assert any(key[0] == "k_major" and key[1:4] == (m + 1, n, k) for key in splitk._tuned)
 
 
 def test_matmul_tf32_k_major_view_and_strided_a():

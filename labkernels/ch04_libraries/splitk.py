@@ -513,14 +513,16 @@ def _run_stream_k(a, b, c, precision, big) -> None:
 
 
 def _tma_fits(a: torch.Tensor, bt: torch.Tensor) -> bool:
-    """TMA copies read rows that are contiguous, start 16-byte aligned and lie a multiple of 16 bytes apart;
-    the copy engine is Hopper's (compute capability 9.0) or later. The interpreter emulates it."""
+    """TMA copies read rows that are contiguous, start 16-byte aligned and lie a multiple of 16 bytes apart,
+    none overlapping the next (an expanded operand, row stride 0, has no descriptor); the copy engine is
+    Hopper's (compute capability 9.0) or later. The interpreter emulates it."""
     if on_gpu() and not ch03._has_tma():
         return False
     size = a.element_size()
 
     def rows_fit(t: torch.Tensor) -> bool:
-        return t.stride(1) == 1 and t.stride(0) * size % 16 == 0 and t.shape[1] * size >= 16
+        apart = t.stride(0) >= t.shape[1] and t.stride(0) * size % 16 == 0
+        return t.stride(1) == 1 and apart and t.shape[1] * size >= 16
 
     return rows_fit(a) and rows_fit(bt) and a.data_ptr() % 16 == 0 and bt.data_ptr() % 16 == 0
 
