@@ -353,12 +353,16 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:,.0f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 2**10:,.0f} KiB"
 
 
+LEGEND_INSIDE_MAX = 7  # legend entries that still fit inside the axes beside the points
+
+
 def plot_roofline(points: list[Point], ceilings: list[Ceilings], ax=None, dtype: str | None = None):
     """Log-log roofline: one roof per machine (and per dtype peak), measured points placed on it.
 
     The points were timed on the first machine of `ceilings`. Those whose data fit in its cache are drawn
     hollow (they may pass the memory roof); any other point above that roof is named in the legend as such.
-    Points are named in the legend, never by labels on the plot, so no two labels can collide.
+    Points are named in the legend, never by labels on the plot, so no two labels can collide; a legend of
+    more than LEGEND_INSIDE_MAX entries goes outside the axes, on the right.
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 5), layout="constrained")
@@ -379,7 +383,12 @@ def plot_roofline(points: list[Point], ceilings: list[Ceilings], ax=None, dtype:
     ax.set_xlabel("arithmetic intensity (FLOP / byte of memory traffic)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.2)
-    if ax.get_legend_handles_labels()[0]:
+    entries = len(ax.get_legend_handles_labels()[0])
+    if entries > LEGEND_INSIDE_MAX:  # a long legend inside the axes would hide points near the roof
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+        if ax.figure.get_layout_engine() is None:  # make room for it within the figure
+            ax.figure.set_layout_engine("constrained")
+    elif entries:
         ax.legend(fontsize=7, loc="best")
     return ax
 

@@ -260,3 +260,22 @@ def test_ch02_view_picture_reads(sizes, strides, offset, n_storage):
 
     ax = draw_view(sizes, strides, offset, n_storage, title=f"sizes {sizes} strides {strides}")
     assert_readable(ax.figure)
+
+
+def test_a_long_roofline_legend_covers_no_point():
+    """Ten entries, as notebook 04's K-sweep widget draws them: a legend that long, inside the axes, hid the
+    points near the roof, so it goes outside them; its box covers no marker and the figure stays readable."""
+    cpu = roofline.Ceilings("CPU (x86_64, 2 threads)", 28.6, {"float32": 0.4}, cache_bytes=480 << 20)
+    points = [roofline.Point(f"K={2**i}", traffic.matmul(256, 256, 2**i), 0.0) for i in range(3, 11)]
+    for p in points:  # below their roof, as measured points lie
+        tflops = 0.6 * roofline.roof_tflops(cpu, "float32", p.traffic.intensity)
+        p.ms = p.traffic.flops / (tflops * 1e12) * 1e3
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    roofline.plot_roofline(points, [cpu, H200], ax=ax, dtype="float32")
+    fig.canvas.draw()
+    legend_box = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
+    assert not legend_box.overlaps(ax.get_window_extent())
+    markers = [line for line in ax.lines if line.get_marker() not in ("None", "", "|")]
+    spots = [ax.transData.transform(xy) for line in markers for xy in line.get_xydata()]
+    assert len(spots) == 8 and not any(legend_box.contains(x, y) for x, y in spots)
+    assert_readable(fig)
