@@ -11,8 +11,9 @@ start=$SECONDS
     > "$dest/sanitizer.log" 2>&1
   echo "sanitizer tests rc=$? in $((SECONDS - start)) s" > "$dest/sanitizer.rc"
 ) &
-timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -q -p no:cacheprovider -n "${UNIT_WORKERS:-8}" --dist loadfile \
-  --ignore tests/test_sanitizer.py tests > "$dest/unit.log" 2>&1
+# -v: each test's verdict as it ends, so a run cut off by the timeout still says which tests were left
+timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${UNIT_WORKERS:-8}" --dist loadfile \
+  --durations=25 --ignore tests/test_sanitizer.py tests > "$dest/unit.log" 2>&1
 echo "unit tests (without the sanitizer's) rc=$? in $((SECONDS - start)) s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$dest/unit.log" | tail -25
 wait

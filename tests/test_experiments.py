@@ -50,3 +50,10 @@ def test_register_race_diagnosis_smoke_mode_passes():
     without the wait, checked."""
     out = _smoke_output("conv_box_diagnose.py")
     assert "wait=False: 0/2 differ, 0 wrong" in out and "wait=True: 0/2 differ, 0 wrong" in out
+
+
+@cpu_lane
+def test_tuning_cost_smoke_mode_passes():
+    """gpu_jobs/tuning_cost.py: one fresh tuning of the tiled matmul with the host bencher, and gc's cost."""
+    out = _smoke_output("tuning_cost.py")
+    assert "host" in out and "pick BLOCK_SIZE_M" in out and "gc.collect() in this process" in out
