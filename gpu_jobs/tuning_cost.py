@@ -2,14 +2,15 @@
 
 The matmul autotuners time each config in CUDA-graph replays (`timing.graph_autotune_bench`: Triton's
 `do_bench_cudagraph`), because timed with L2 cleared before each run (`do_bench`) their picks moved between
-processes. `torch.cuda.graph`, which `do_bench_cudagraph` captures with, runs `gc.collect()` and
-`torch.cuda.empty_cache()` on every capture, once per config, and after that change the GPU unit-test run
+processes. `torch.cuda.graph`, which `do_bench_cudagraph` captures with, synchronizes the device and
+releases torch's cached GPU memory (`empty_cache()`) on every capture, once per config (and runs
+`gc.collect()` where torch's `force_cudagraph_gc` is set), and after that change the GPU unit-test run
 outlasted its time limit. This times, in one process, the first (tuning) call of chapter 03's tiled matmul
 for a few shapes with three benchers, the autotuner's cache cleared before each:
 - "do_bench": Triton's default, L2 cleared per run;
 - "graph": `graph_autotune_bench`, as shipped;
-- "graph, lean": the same replays, captured with `CUDAGraph.capture_begin/capture_end` (no gc, no cache
-  release);
+- "graph, lean": the same replays, captured with `CUDAGraph.capture_begin/capture_end` (no cache release,
+  no gc);
 and prints each one's tuning wall time, its pick, and the pick's time in graph replays (against cuBLAS); then
 the cost of one `gc.collect()` in this process.
 
