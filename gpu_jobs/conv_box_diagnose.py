@@ -14,12 +14,14 @@ with WAIT off and on, 20 runs per config compared bitwise, then timed against cu
 Measured on the H200: no run differed without the wait, and the wait cost 20% (0.91 -> 0.71 of cuBLAS at
 4096^3). --wait-configs sweeps configs with the wait beside B copied K-major by chapter 02's tiled transpose,
 then the K-major pointer kernel (0.80 of cuBLAS at 4096^3, graph replays); the copy ships, followed by the
-K-major TMA kernel (`splitk._k_major_tma_kernel`), the `tf32` rows of ch04_matmul.csv.
+K-major TMA kernel (`splitk._k_major_tma_kernel`, the `tf32` rows of ch04_matmul.csv). --k-major times the
+shipped path with the TMA kernel and with the pointer kernel.
 
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py            # GPU: conv cases, then TF32
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --tf32     # GPU: the TF32 register kernel
     PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --wait-configs  # GPU: configs with the wait
-    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --smoke    # CPU lane: the register kernel, checked
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --k-major  # GPU: the TMA and pointer K-major kernels
+    PYTHONPATH=$PWD python gpu_jobs/conv_box_diagnose.py --smoke    # CPU lane: the TF32 kernels, checked
 """
 
 import functools  # noqa: I001  (labkernels before triton: it sets the lane)
@@ -157,24 +159,34 @@ def registers_a_with_and_without_wait(shapes, runs: int, configs) -> None:
                 print(f"{tag}: {differ}/{runs} differ, {wrong} wrong{timing}", flush=True)
 
 
-def shipped_tf32_timing(size: int = 4096) -> None:
-    """splitk.matmul(allow_tf32=True), row-major B (copied K-major), against cuBLAS TF32: graph replays and
-    plain calls."""
+def k_major_kernels(shapes) -> None:
+    """The shipped TF32 path, `splitk.matmul(allow_tf32=True)`, with its K-major TMA kernel and with the
+    pointer kernel (`splitk.K_MAJOR_TMA` off), each tuned afresh: B row-major (copied K-major first) and B
+    already K-major, against cuBLAS TF32 in graph replays and plain calls, checked against fp64."""
     from labkernels.ch04_libraries import splitk
     from labkernels.timing import time_ms
 
-    a = torch.randn(size, size, device=labkernels.DEVICE)
-    b = torch.randn(size, size, device=labkernels.DEVICE)
-    ours = lambda: splitk.matmul(a, b, allow_tf32=True)  # noqa: E731
-    ours()  # tunes
-    torch.backends.cuda.matmul.allow_tf32 = True
-    lib = {"graph": graph_ms(lambda: a @ b, rep=100), "plain": time_ms(lambda: a @ b, rep=100)}
-    torch.backends.cuda.matmul.allow_tf32 = False
-    mine = {"graph": graph_ms(ours, rep=100), "plain": time_ms(ours, rep=100)}
-    cfg = splitk.tuned_config(a, b, "k_major")
-    for mode in ("graph", "plain"):
-        print(f"shipped TF32 {size}^3 {mode}: {mine[mode] * 1e3:.1f} us, cuBLAS {lib[mode] * 1e3:.1f} us: "
-              f"{lib[mode] / mine[mode]:.3f} of cuBLAS; config {cfg}", flush=True)  # fmt: skip
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k, device=labkernels.DEVICE), torch.randn(k, n, device=labkernels.DEVICE)
+        b_k_major = b.t().contiguous().t()
+        ref = a.double() @ b.double()
+        torch.backends.cuda.matmul.allow_tf32 = True
+        library = functools.partial(torch.matmul, a, b)
+        lib = {"graph": graph_ms(library, rep=50), "plain": time_ms(library, rep=50)}
+        torch.backends.cuda.matmul.allow_tf32 = False
+        for kernel, tma in (("TMA", True), ("pointer", False)):
+            splitk.K_MAJOR_TMA = tma
+            splitk._tuned.clear()
+            for layout, operand in (("row-major B", b), ("K-major B", b_k_major)):
+                call = functools.partial(splitk.matmul, a, operand, allow_tf32=True)
+                err = ((call().double() - ref).abs().max() / ref.abs().max()).item()
+                ratios = {mode: lib[mode] / timer(call, rep=50) for mode, timer in (("graph", graph_ms),
+                                                                                     ("plain", time_ms))}
+                launched = "+".join(sorted({key[0] for key in splitk._tuned}))  # the kernel that really ran
+                print(f"k_major {kernel:7} {m}x{n}x{k} {layout}: {ratios['graph']:.3f} (graph), "
+                      f"{ratios['plain']:.3f} (plain) of cuBLAS; launched {launched}; rel err {err:.1e}",
+                      flush=True)  # fmt: skip
+        splitk.K_MAJOR_TMA = True
 
 
 # Configs for the register path with the wait: a deeper K step (fewer waits per tile) or smaller tiles (two
@@ -230,11 +242,14 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     from labkernels.ch04_libraries import splitk
 
-    if "--smoke" in sys.argv:  # the CPU lane: the register kernel under the interpreter, a tiny shape
-        sys.exit(registers_a_with_and_without_wait([(40, 48, 64)], runs=2, configs=splitk.CPU_CONFIGS))
+    if "--smoke" in sys.argv:  # the CPU lane: the register kernel and both K-major kernels, tiny shapes
+        registers_a_with_and_without_wait([(40, 48, 64)], runs=2, configs=splitk.CPU_CONFIGS)
+        sys.exit(k_major_kernels([(40, 48, 64)]))
+    if "--k-major" in sys.argv:
+        sys.exit(k_major_kernels([(4096, 4096, 4096), (3000, 5000, 1000), (8192, 8192, 8192)]))
     if "--wait-configs" in sys.argv:
         sys.exit(wait_configs_sweep([(4096, 4096, 4096), (3000, 5000, 1024)]))
     if "--tf32" not in sys.argv:
         conv_cases()
     registers_a_with_and_without_wait([(4096, 4096, 4096), (3000, 5000, 1024)], 20, splitk.K_MAJOR_CONFIGS)
-    shipped_tf32_timing()
+    k_major_kernels([(4096, 4096, 4096)])

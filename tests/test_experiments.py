@@ -47,9 +47,13 @@ def test_alignment_experiment_smoke_mode_passes():
 @cpu_lane
 def test_register_race_diagnosis_smoke_mode_passes():
     """gpu_jobs/conv_box_diagnose.py: the TF32 B^T-from-registers kernel it repeats on the GPU, with and
-    without the wait, checked."""
+    without the wait, and the shipped path with either K-major kernel, checked."""
     out = _smoke_output("conv_box_diagnose.py")
     assert "wait=False: 0/2 differ, 0 wrong" in out and "wait=True: 0/2 differ, 0 wrong" in out
+    errors = [float(line.rsplit("rel err ", 1)[1]) for line in out.splitlines() if line.startswith("k_major")]
+    assert len(errors) == 4 and max(errors) < 1e-2  # TMA and pointer kernels, both layouts of B
+    assert out.count("k_major TMA") == out.count("launched k_major_tma;") == 2
+    assert out.count("k_major pointer") == out.count("launched k_major;") == 2
 
 
 @cpu_lane
