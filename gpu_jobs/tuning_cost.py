@@ -8,14 +8,14 @@ releases torch's cached GPU memory (`empty_cache()`) on every capture, once per 
 outlasted its time limit. This times, in one process, the first (tuning) call of chapter 03's tiled matmul
 for a few shapes with three benchers, the autotuner's cache cleared before each:
 - "do_bench": Triton's default, L2 cleared per run;
-- "graph": `graph_autotune_bench`, as shipped;
-- "graph, lean": the same replays, captured with `CUDAGraph.capture_begin/capture_end` (no cache release,
-  no gc);
+- "graph, triton": Triton's `do_bench_cudagraph` (rep=10 ms), which captures through `torch.cuda.graph`;
+- "graph, shipped": `graph_autotune_bench`: the same replays, captured with `CUDAGraph.capture_begin/
+  capture_end` (no cache release, no gc), at most `GRAPH_TUNE_MAX_CALLS` launches per capture;
 and prints each one's tuning wall time, its pick, and the pick's time in graph replays (against cuBLAS); then
 the cost of one `gc.collect()` in this process.
 
     PYTHONPATH=$PWD python gpu_jobs/tuning_cost.py          # GPU
-    PYTHONPATH=$PWD python gpu_jobs/tuning_cost.py --smoke  # CPU lane: the host bencher, one tiny shape
+    PYTHONPATH=$PWD python gpu_jobs/tuning_cost.py --smoke  # CPU lane: the host bencher twice, one tiny shape
 """
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
@@ -32,46 +32,17 @@ from labkernels import timing
 from labkernels.ch03_triton import matmul as ch03
 
 
-def lean_graph_bench(kernel_call, quantiles=(0.5, 0.2, 0.8), rep_ms: float = 10.0):
-    """`do_bench_cudagraph`'s measurement without `torch.cuda.graph`'s gc.collect() and empty_cache(): warm
-    up, estimate one call, capture enough calls for `rep_ms`, replay ten times on a side stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        kernel_call()  # compiles this config, the first time
-        start.record()
-        for _ in range(5):
-            kernel_call()
-        end.record()
-        end.synchronize()
-        calls = max(1, int(rep_ms / max(start.elapsed_time(end) / 5, 1e-3)))
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin()
-        for _ in range(calls):
-            kernel_call()
-        graph.capture_end()
-        per_call = []
-        for _ in range(10):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            per_call.append(start.elapsed_time(end) / calls)
-    torch.cuda.current_stream().wait_stream(stream)
-    ranked = sorted(per_call)
-    return [ranked[min(len(ranked) - 1, int(q * len(ranked)))] for q in quantiles]
-
-
 def benchers() -> dict:
-    if not labkernels.on_gpu():
-        return {"host": timing.autotune_bench}
+    if not labkernels.on_gpu():  # twice: the second tuning must start from nothing, like the first
+        return {"host": timing.autotune_bench, "host, again": timing.graph_autotune_bench}
     import triton.testing
 
     return {
         "do_bench": lambda call, quantiles: triton.testing.do_bench(call, quantiles=list(quantiles)),
-        "graph": timing.graph_autotune_bench,
-        "graph, lean": lean_graph_bench,
+        "graph, triton": lambda call, quantiles: triton.testing.do_bench_cudagraph(
+            call, rep=10, quantiles=list(quantiles)
+        ),
+        "graph, shipped": timing.graph_autotune_bench,
     }
 
 
@@ -83,7 +54,8 @@ def tune_once(shape, bencher) -> tuple[float, str, float]:
     b = torch.randn(k, n, device=labkernels.DEVICE, dtype=dtype)
     ch03._matmul_kernel.cache.clear()
     ch03._matmul_kernel._do_bench = bencher
-    ch03._tuned_launches.clear()
+    for cache in (ch03._tuned_launches, ch03._launches, ch03._auto_choices):  # every cache of the key
+        cache.clear()
     if labkernels.on_gpu():
         torch.cuda.synchronize()
     started = time.perf_counter()

@@ -49,17 +49,57 @@ def autotune_bench(kernel_call: Callable[[], object], quantiles: Sequence[float]
     return pick if len(pick) > 1 else pick[0]
 
 
+# The most launches one graph-replay timing captures. Capturing costs host time per launch and instantiating
+# per node, once per config; a few hundred launches already time a 3-microsecond kernel to a fraction of a
+# percent, since a replay's events resolve about half a microsecond.
+GRAPH_TUNE_MAX_CALLS = 500
+
+
 def graph_autotune_bench(kernel_call: Callable[[], object], quantiles: Sequence[float] = (0.5, 0.2, 0.8)):
     """`autotune_bench` for kernels of a few microseconds (the matmuls): on the GPU lane each config is timed
-    in CUDA-graph replays of many launches (`do_bench_cudagraph`, GPU time only, L2 not cleared), so the
-    autotuner's pick does not move with the host or the cleared cache; timed the default way, with L2
-    cleared before each run, the pick for a 1536^3 matmul changed between processes on the H200. On the CPU
-    lane it is `autotune_bench`."""
+    in CUDA-graph replays of many launches (GPU time only, L2 not cleared), so the autotuner's pick does not
+    move with the host or the cleared cache; timed the default way, with L2 cleared before each run, the
+    pick for a 1536^3 matmul changed between processes on the H200. On the CPU lane it is `autotune_bench`."""
     if LANE == "gpu":
-        import triton.testing
-
-        return triton.testing.do_bench_cudagraph(kernel_call, rep=10, quantiles=list(quantiles))
+        return _graph_replay_quantiles(kernel_call, quantiles)
     return autotune_bench(kernel_call, quantiles)
+
+
+def _graph_replay_quantiles(kernel_call, quantiles, rep_ms: float = 10.0, replays: int = 10) -> list[float]:
+    """Quantiles of a call's time in ms over `replays` replays of one captured graph of enough calls to last
+    about `rep_ms` (at most GRAPH_TUNE_MAX_CALLS). `triton.testing.do_bench_cudagraph` measures the same, but
+    captures through `torch.cuda.graph`, which synchronizes and empties torch's memory cache at every capture
+    (and may run gc.collect()): paid once per config, then again by the next allocations of the process."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs were written on the current stream
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        kernel_call()  # compiles the config the first time, outside the capture
+        start.record()
+        for _ in range(5):
+            kernel_call()
+        end.record()
+        end.synchronize()
+        estimate_ms = max(start.elapsed_time(end) / 5, 1e-4)  # launches included: errs towards fewer calls
+        calls = max(1, min(GRAPH_TUNE_MAX_CALLS, int(rep_ms / estimate_ms)))
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin()
+        try:
+            for _ in range(calls):
+                kernel_call()
+        finally:
+            graph.capture_end()
+        per_call = []
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            per_call.append(start.elapsed_time(end) / calls)
+    torch.cuda.current_stream().wait_stream(stream)
+    return torch.tensor(per_call).quantile(torch.tensor(list(quantiles))).tolist()
 
 
 def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> float:

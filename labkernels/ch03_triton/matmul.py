@@ -48,7 +48,7 @@ import triton.language as tl
 from labkernels import launch_cache
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU, INT32_MAX
 from labkernels.lane import DEVICE, LANE, on_gpu, require_device, sm_count
-from labkernels.timing import autotune_bench, graph_autotune_bench, graph_ms
+from labkernels.timing import graph_autotune_bench
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = (None, "relu", "gelu")
@@ -474,7 +474,7 @@ def _choose(a, b, c, bias, options: dict, shape_key: tuple) -> str:
         launcher = _launch(kernel, a, b, c, bias, options, key)  # tunes, the first time
         launcher = launcher or _launch(kernel, a, b, c, bias, options, key)  # as later calls will launch
         call = functools.partial(launcher, a, b, c, bias_or_c)
-        medians[kernel] = graph_ms(call, rep=20) if on_gpu() else autotune_bench(call)[0]
+        medians[kernel] = graph_autotune_bench(call)[0]  # the median; CUDA-graph replays on the GPU lane
     _auto_choices[shape_key] = min(medians, key=medians.get)
     return _auto_choices[shape_key]
 

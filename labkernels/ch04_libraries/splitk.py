@@ -52,7 +52,7 @@ from labkernels.ch02_strides.triton_strided import copy_2d_tiled
 from labkernels.ch03_triton import matmul as ch03
 from labkernels.ch03_triton.matmul import _tile_coordinates, check_operands  # grouped order, as ch03 teaches
 from labkernels.lane import DEVICE, LANE, on_gpu, sm_count
-from labkernels.timing import graph_autotune_bench, graph_ms
+from labkernels.timing import graph_autotune_bench
 
 KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "k_major")
 CH03_KERNELS = ("tiled", "tma_persistent")
@@ -611,7 +611,7 @@ def _time_candidates(candidates: list[str], a, b, allow_tf32) -> str:
     for name in candidates:
         call = functools.partial(_forward, a, b, name, None, False, allow_tf32)  # the default mode
         call()  # tunes
-        medians[name] = graph_ms(call, rep=5)
+        medians[name] = graph_autotune_bench(call)[0]  # the median
     return min(medians, key=medians.get)
 
 
