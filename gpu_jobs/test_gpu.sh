@@ -11,8 +11,9 @@ start=$SECONDS
     > "$dest/sanitizer.log" 2>&1
   echo "sanitizer tests rc=$? in $((SECONDS - start)) s" > "$dest/sanitizer.rc"
 ) &
-# -v: each test's verdict as it ends, so a run cut off by the timeout still says which tests were left
-timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${UNIT_WORKERS:-8}" --dist loadfile \
+# -v: each test's verdict as it ends, so a run cut off by the timeout still says which tests were left;
+# loadgroup: the kernel files' tests spread over the workers, the other files stay whole (tests/conftest.py)
+timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${UNIT_WORKERS:-8}" --dist loadgroup \
   --durations=25 --ignore tests/test_sanitizer.py tests > "$dest/unit.log" 2>&1
 echo "unit tests (without the sanitizer's) rc=$? in $((SECONDS - start)) s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$dest/unit.log" | tail -25

@@ -361,6 +361,18 @@ def test_matmul_configs_pruned_by_shared_memory():
     assert kept == tiles[:1]  # + a 64 KiB tile of C: 208 KiB fits, 256 KiB does not
 
 
+def test_matmul_configs_pruned_to_snug_tiles():
+    """A tile taller than M (or wider than N) rounds up to only masks more rows: the autotuners skip it."""
+    shapes = ((64, 128), (128, 64), (256, 128), (64, 64))
+    tiles = [matmul_mod._config(m, n, 64, stages=3, warps=4) for m, n in shapes]
+    assert matmul_mod.snug_tiles(tiles, 97, 61) == [tiles[1], tiles[3]]  # rows round up to 128, columns 64
+    assert matmul_mod.snug_tiles(tiles, 16, 130) == [tiles[0], tiles[3]]  # no tile under 64 rows: 64 is snug
+    assert matmul_mod.snug_tiles(tiles, 8, 8) == [tiles[3]]
+    assert matmul_mod.snug_tiles(tiles, 4096, 4096) == tiles
+    a = torch.empty(8, 8, dtype=torch.float16)
+    assert matmul_mod._prune(tiles, {"a_ptr": a, "M": 120, "N": 100}) == [tiles[0], tiles[1], tiles[3]]
+
+
 def test_matmul_strided_operands():
     a = torch.randn(50, 40, device=DEVICE).t()  # (40, 50), column-major
     b = torch.randn(70, 50, device=DEVICE)[::2].t()  # (50, 35), strided rows and columns

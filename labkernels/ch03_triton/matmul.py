@@ -112,6 +112,21 @@ def _prune_by_shared_memory(configs, named_args, c_staged: bool = False, **kwarg
     return fits or [min(configs, key=shared_bytes)]
 
 
+def snug_tiles(configs: list, m: int, n: int) -> list:
+    """Drop tiles taller than M or wider than N round up to (a power of two, or the smallest tile height or
+    width on the list): such a tile runs the same grid as a snug one and only computes rows or columns that
+    nobody stores. Each config dropped is a compile saved on a new small shape."""
+    m_cap = max(triton.next_power_of_2(m), min(c.kwargs["BLOCK_SIZE_M"] for c in configs))
+    n_cap = max(triton.next_power_of_2(n), min(c.kwargs["BLOCK_SIZE_N"] for c in configs))
+    return [c for c in configs if c.kwargs["BLOCK_SIZE_M"] <= m_cap and c.kwargs["BLOCK_SIZE_N"] <= n_cap]
+
+
+def _prune(configs, named_args, c_staged: bool = False, **kwargs):
+    """The autotuners' pruning: tiles that fit shared memory, then only those snug to M and N."""
+    fits = _prune_by_shared_memory(configs, named_args, c_staged=c_staged)
+    return snug_tiles(fits, named_args["M"], named_args["N"])
+
+
 @triton.jit
 def _tile_coordinates(
     tile_id, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr
@@ -330,7 +345,7 @@ def _alignment(args: dict) -> int:
 _matmul_kernel = triton.autotune(
     configs=GPU_CONFIGS if LANE == "gpu" else CPU_CONFIGS,
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION", "INPUT_PRECISION", "INDEX_64"],  # triton adds dtypes
-    prune_configs_by={"early_config_prune": _prune_by_shared_memory},
+    prune_configs_by={"early_config_prune": _prune},
     do_bench=graph_autotune_bench,
 )(triton.heuristics({"EVEN_K": _even_k, "ALIGN": _alignment})(_matmul_tiles))
 
@@ -359,7 +374,7 @@ CPU_TMA_CONFIGS = [_tma_config(32, 32, 32, stages=1, warps=4, group=4)]
 _matmul_tma_kernel = triton.autotune(
     configs=TMA_CONFIGS if LANE == "gpu" else CPU_TMA_CONFIGS,
     key=["M", "N", "K", "HAS_BIAS", "ACTIVATION"],  # tensor dtypes are added by triton
-    prune_configs_by={"early_config_prune": functools.partial(_prune_by_shared_memory, c_staged=True)},
+    prune_configs_by={"early_config_prune": functools.partial(_prune, c_staged=True)},
     do_bench=graph_autotune_bench,
 )(_matmul_tma_persistent)
 

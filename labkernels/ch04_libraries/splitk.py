@@ -351,20 +351,16 @@ def _k_major_tma_kernel(
 
 
 def _block_fits(configs, named_args, **kwargs):
-    """Drop tiles much taller than M or wider than N (work on wrapped rows nobody stores) and configs whose
-    pipelined tiles exceed shared memory."""
+    """Drop configs whose pipelined tiles exceed shared memory, then tiles much taller than M or wider than
+    N (work on wrapped rows nobody stores: chapter 03's `snug_tiles`)."""
     element_size = named_args["a_ptr"].element_size()
-    m_cap = _pow2_at_least(named_args["M"], 16, 256)
-    n_cap = _pow2_at_least(named_args["N"], 16, 256)
 
     def shared_bytes(c):
         m, n, k = c.kwargs["BLOCK_SIZE_M"], c.kwargs["BLOCK_SIZE_N"], c.kwargs["BLOCK_SIZE_K"]
         return c.num_stages * (m * k + k * n) * element_size
 
     fits = [c for c in configs if shared_bytes(c) <= SHARED_MEMORY_BYTES]
-    fits = fits or [min(configs, key=shared_bytes)]
-    snug = [c for c in fits if c.kwargs["BLOCK_SIZE_M"] <= m_cap and c.kwargs["BLOCK_SIZE_N"] <= n_cap]
-    return snug or [min(fits, key=lambda c: c.kwargs["BLOCK_SIZE_M"] * c.kwargs["BLOCK_SIZE_N"])]
+    return ch03.snug_tiles(fits or [min(configs, key=shared_bytes)], named_args["M"], named_args["N"])
 
 
 def _even_k(args: dict) -> bool:
