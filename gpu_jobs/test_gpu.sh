@@ -11,12 +11,31 @@ start=$SECONDS
     > "$dest/sanitizer.log" 2>&1
   echo "sanitizer tests rc=$? in $((SECONDS - start)) s" > "$dest/sanitizer.rc"
 ) &
-# -v: each test's verdict as it ends, so a run cut off by the timeout still says which tests were left;
-# loadgroup: the kernel files' tests spread over the workers, the other files stay whole (tests/conftest.py)
-timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${UNIT_WORKERS:-8}" --dist loadgroup \
-  --durations=25 --ignore tests/test_sanitizer.py tests > "$dest/unit.log" 2>&1
-echo "unit tests (without the sanitizer's) rc=$? in $((SECONDS - start)) s"
+# -v: each test's verdict as it ends, so a run cut off by the timeout still says which tests were left.
+# Two runs side by side. The kernel files' tests go to whichever worker is free (worksteal): most of their
+# time is compiling each autotuning config of a new shape, and one such file on one worker outlasted the
+# run. The other files stay whole on one worker each (loadfile: C++ extension builds and their locks, files
+# on disk), and so do the tests past 2^31 elements (10-20 GB each), as before.
+kernel_files="tests/test_ch03_triton.py tests/test_ch03_hardening.py tests/test_ch04_kernels.py
+  tests/test_ch05_fusion.py tests/test_ch06_attention.py"
+past_2_31="tests/test_ch03_hardening.py::test_kernel_above_2_to_31_elements
+  tests/test_ch04_kernels.py::test_matmul_beyond_int32_offsets"
+other_files=$(ls tests/test_*.py | grep -v -e test_sanitizer.py $(printf -- "-e %s " $kernel_files))
+steal=worksteal
+python -m pytest --help 2>/dev/null | grep -q worksteal || steal=load
+(
+  timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${KERNEL_WORKERS:-6}" \
+    --dist "$steal" --durations=25 -k "not test_kernel_above_2_to_31_elements and not \
+    test_matmul_beyond_int32_offsets" $kernel_files > "$dest/unit_kernels.log" 2>&1
+  echo "unit tests, kernel files (--dist $steal) rc=$? in $((SECONDS - start)) s" > "$dest/unit_kernels.rc"
+) &
+timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${OTHER_WORKERS:-3}" --dist loadfile \
+  --durations=25 $other_files $past_2_31 > "$dest/unit.log" 2>&1
+echo "unit tests, other files and those past 2^31 rc=$? in $((SECONDS - start)) s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$dest/unit.log" | tail -25
+while [ ! -e "$dest/unit_kernels.rc" ]; do sleep 2; done
+cat "$dest/unit_kernels.rc"
+grep -E "^(FAILED|ERROR)|passed|failed" "$dest/unit_kernels.log" | tail -25
 wait
 cat "$dest/sanitizer.rc"
 grep -E "sanitizer registry|compute-sanitizer|^(FAILED|ERROR)|passed|failed|^FAIL " "$dest/sanitizer.log" | tail -20
