@@ -369,6 +369,11 @@ def test_matmul_configs_pruned_to_snug_tiles():
     assert matmul_mod.snug_tiles(tiles, 16, 130) == [tiles[0], tiles[3]]  # no tile under 64 rows: 64 is snug
     assert matmul_mod.snug_tiles(tiles, 8, 8) == [tiles[3]]
     assert matmul_mod.snug_tiles(tiles, 4096, 4096) == tiles
+    # no tile is both the shortest and the narrowest: the shortest, then the narrowest of those
+    assert matmul_mod.snug_tiles(tiles[:3], 16, 16) == tiles[:1]
+    for configs in (matmul_mod.GPU_CONFIGS, matmul_mod.TMA_CONFIGS):  # any shape keeps a config
+        for m, n in ((1, 1), (16, 16), (16, 4096), (4096, 16), (97, 61)):
+            assert matmul_mod.snug_tiles(configs, m, n), (m, n)
     a = torch.empty(8, 8, dtype=torch.float16)
     assert matmul_mod._prune(tiles, {"a_ptr": a, "M": 120, "N": 100}) == [tiles[0], tiles[1], tiles[3]]
 

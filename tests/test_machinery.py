@@ -135,7 +135,7 @@ def test_graph_ms_times_the_work_of_this_lane():
 @pytest.mark.skipif(not labkernels.on_gpu(), reason="graph replays need a GPU")
 def test_graph_autotune_bench_times_the_kernel_and_keeps_torch_memory_cache():
     """The tuners' graph bencher against Triton's do_bench_cudagraph on a copy bigger than L2 (they must
-    agree), and without torch.cuda.graph's empty_cache(): torch holds the same memory before and after."""
+    agree), and without torch.cuda.graph's empty_cache(): torch holds at least the memory it held before."""
     import triton.testing
 
     n = 32 << 20  # 128 MiB of fp32
@@ -143,7 +143,7 @@ def test_graph_autotune_bench_times_the_kernel_and_keeps_torch_memory_cache():
     dst = torch.empty_like(src)
     reserved = torch.cuda.memory_reserved()
     median, low, high = timing.graph_autotune_bench(lambda: dst.copy_(src))
-    assert torch.cuda.memory_reserved() == reserved, "the bencher released or grew torch's memory cache"
+    assert torch.cuda.memory_reserved() >= reserved, "the bencher released torch's cached memory"
     assert low <= median <= high
     reference = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20)
     agrees = 0.8 * reference <= median <= 1.25 * reference

@@ -113,12 +113,14 @@ def _prune_by_shared_memory(configs, named_args, c_staged: bool = False, **kwarg
 
 
 def snug_tiles(configs: list, m: int, n: int) -> list:
-    """Drop tiles taller than M or wider than N round up to (a power of two, or the smallest tile height or
-    width on the list): such a tile runs the same grid as a snug one and only computes rows or columns that
-    nobody stores. Each config dropped is a compile saved on a new small shape."""
+    """Drop tiles taller than M or wider than N round up to (a power of two, or the least height or width on
+    offer): such a tile runs the same grid as a snug one and only computes rows or columns that nobody
+    stores. Rows first, then columns among the tiles left, so at least one config stays. Each config dropped
+    is a compile saved on a new small shape."""
     m_cap = max(triton.next_power_of_2(m), min(c.kwargs["BLOCK_SIZE_M"] for c in configs))
-    n_cap = max(triton.next_power_of_2(n), min(c.kwargs["BLOCK_SIZE_N"] for c in configs))
-    return [c for c in configs if c.kwargs["BLOCK_SIZE_M"] <= m_cap and c.kwargs["BLOCK_SIZE_N"] <= n_cap]
+    short = [c for c in configs if c.kwargs["BLOCK_SIZE_M"] <= m_cap]
+    n_cap = max(triton.next_power_of_2(n), min(c.kwargs["BLOCK_SIZE_N"] for c in short))
+    return [c for c in short if c.kwargs["BLOCK_SIZE_N"] <= n_cap]
 
 
 def _prune(configs, named_args, c_staged: bool = False, **kwargs):
