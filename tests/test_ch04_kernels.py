@@ -772,3 +772,16 @@ def test_conv_thin_equals_normal_bitwise_on_any_stream_and_in_a_graph(stride, pa
         torch.testing.assert_close(captured.double(), want, atol=2e-2 * (9 * 64) ** 0.5 / 24, rtol=5e-3)
     finally:
         launch_cache.set_enabled(launch_cache.enabled_from_env())
+
+
+@pytest.mark.parametrize(
+    "configs", ["SPLIT_K_CONFIGS", "STREAM_K_CONFIGS", "K_MAJOR_CONFIGS", "K_MAJOR_TMA_CONFIGS"]
+)
+def test_every_gpu_config_list_keeps_a_config_for_any_shape(configs):
+    """The autotuners' pruning (shared memory, then snug tiles) never leaves a GPU list empty, whatever the
+    shape and dtype: an empty list is an error at the first call. Checked in both lanes, on the GPU lists."""
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.empty(1, 1, dtype=dtype)
+        for m, n in ((1, 1), (16, 16), (16, 4096), (4096, 16), (97, 61), (8192, 8192)):
+            kept = splitk._block_fits(getattr(splitk, configs), {"a_ptr": a, "M": m, "N": n})
+            assert kept, (configs, dtype, m, n)
