@@ -1,12 +1,13 @@
 """What tuning a matmul costs, per way of timing its configs (an experiment; GPU, with a CPU smoke mode).
 
-The matmul autotuners time each config in CUDA-graph replays (`timing.graph_autotune_bench`: Triton's
-`do_bench_cudagraph`), because timed with L2 cleared before each run (`do_bench`) their picks moved between
-processes. `torch.cuda.graph`, which `do_bench_cudagraph` captures with, synchronizes the device and
-releases torch's cached GPU memory (`empty_cache()`) on every capture, once per config (and runs
-`gc.collect()` where torch's `force_cudagraph_gc` is set), and after that change the GPU unit-test run
-outlasted its time limit. This times, in one process, the first (tuning) call of chapter 03's tiled matmul
-for a few shapes with three benchers, the autotuner's cache cleared before each:
+The matmul autotuners time each config in CUDA-graph replays (`timing.graph_autotune_bench`), because timed
+with L2 cleared before each run (`do_bench`) their picks moved between processes. `torch.cuda.graph`, which
+Triton's `do_bench_cudagraph` captures with, synchronizes the device and releases torch's cached GPU memory
+(`empty_cache()`) on every capture, once per config (and runs `gc.collect()` where torch's
+`force_cudagraph_gc` is set). Was that why the GPU unit-test run outlasted its limit? On the H200, no: all
+three took 1.1-1.2 s a shape once compiled; compiling the configs of each new shape (1-7 s a config) was
+the time, one test file on one worker. This times, in one process, the first (tuning) call of chapter 03's
+tiled matmul for a few shapes with three benchers, the autotuner's cache cleared before each:
 - "do_bench": Triton's default, L2 cleared per run;
 - "graph, triton": Triton's `do_bench_cudagraph` (rep=10 ms), which captures through `torch.cuda.graph`;
 - "graph, shipped": `graph_autotune_bench`: the same replays, captured with `CUDAGraph.capture_begin/

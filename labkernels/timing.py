@@ -69,7 +69,8 @@ def _graph_replay_quantiles(kernel_call, quantiles, rep_ms: float = 10.0, replay
     """Quantiles of a call's time in ms over `replays` replays of one captured graph of enough calls to last
     about `rep_ms` (at most GRAPH_TUNE_MAX_CALLS). `triton.testing.do_bench_cudagraph` measures the same, but
     captures through `torch.cuda.graph`, which synchronizes and empties torch's memory cache at every capture
-    (and may run gc.collect()): paid once per config, then again by the next allocations of the process."""
+    (and may run gc.collect()): the memory a process had cached was given back once per config. Tuning takes
+    as long either way (`gpu_jobs/tuning_cost.py`: 1.1-1.2 s a shape on the H200, once compiled)."""
     import torch
 
     stream = torch.cuda.Stream()
