@@ -279,3 +279,31 @@ def test_a_long_roofline_legend_covers_no_point():
     spots = [ax.transData.transform(xy) for line in markers for xy in line.get_xydata()]
     assert len(spots) == 8 and not any(legend_box.contains(x, y) for x, y in spots)
     assert_readable(fig)
+
+
+# --- chapter 05's side-by-side bars ---------------------------------------------------------------------
+
+
+def _fusion_rows(kind, shape, dtype, bytes_by_impl, ms_by_impl):
+    return [
+        {"kind": kind, "shape": shape, "dtype": dtype, "impl": impl, "bytes": bytes_by_impl[impl], "ms": ms}
+        for impl, ms in ms_by_impl.items()
+    ]
+
+
+def test_ch05_kinds_bars_put_every_version_on_the_fused_bytes():
+    """Eager moves more bytes than the fused kernel and takes longer: on its own bytes it could show more GB/s
+    than the fused kernel; on the fused kernel's bytes its bar is lower by exactly the time ratio. Compute-
+    bound matmul rows stay out; M = 16 (bound by reading W) stays in."""
+    from labkernels.ch05_fusion.bench import plot_kinds, same_bytes_gbps
+
+    ms = {"eager": 3.0, "compile": 1.2, "labkernels": 1.0}
+    rows = _fusion_rows("add_relu", "4096", "float32", {"eager": 5e9, "compile": 3e9, "labkernels": 3e9}, ms)
+    rows += _fusion_rows("int8_matmul", "16x4096x4096", "bfloat16", dict.fromkeys(ms, 17_047_552), ms)
+    rows += _fusion_rows("int8_matmul", "4096x4096x4096", "bfloat16", dict.fromkeys(ms, 151_003_136), ms)
+    bars = same_bytes_gbps(Table(rows))
+    assert [r["shape"] for r in bars.rows] == ["4096", "16x4096x4096"]
+    add_relu = bars.rows[0]
+    assert add_relu["labkernels"] == pytest.approx(3000.0)  # 3e9 bytes in 1 ms: 3000 GB/s
+    assert add_relu["eager"] == pytest.approx(add_relu["labkernels"] / 3.0)  # 3x the time, a third the bar
+    assert_readable(plot_kinds(Table(rows), copy_gbps=4000.0).figure)

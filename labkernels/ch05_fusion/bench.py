@@ -285,3 +285,48 @@ def summary(table: Table) -> Table:
             }
         )
     return Table(out)
+
+
+IMPLS = (("eager", "eager"), ("compile", "torch.compile"), ("labkernels", "labkernels"))
+
+
+def _compute_bound(row: dict) -> bool:
+    """A matmul row (shape "MxNxK") whose FLOPs per byte are past 100: the 4096^3 ones, a few hundred, near
+    or past an H200's ridge, measured in TFLOP/s; M = 16 has about 30 and is bound by reading W."""
+    dims = [int(d) for d in str(row["shape"]).split("x")]
+    return len(dims) == 3 and 2 * dims[0] * dims[1] * dims[2] / row["bytes"] > 100
+
+
+def same_bytes_gbps(table: Table) -> Table:
+    """Per memory-bound fusion kind (headline sizes), each version's speed as GB/s of the *hand-fused*
+    kernel's bytes: those bytes over that version's time. One scale for all three, so GB/s compare as
+    speeds; a version's own GB/s (the `summary` table) counts its own bytes, and eager's or compile's extra
+    passes make them move more bytes, so that they can show more GB/s while they take longer."""
+    out = []
+    for r in table.rows:
+        if r["impl"] != "labkernels" or r["kind"] in ("chain_sweep", "int8_paths") or _compute_bound(r):
+            continue
+        by = {s["impl"]: s for s in table.rows if s["kind"] == r["kind"] and s["shape"] == r["shape"]}
+        row = {"kind": r["kind"], "shape": r["shape"], "dtype": r["dtype"]}
+        row |= {impl: r["bytes"] / (by[impl]["ms"] * 1e6) for impl, _ in IMPLS}  # bytes / ms -> GB/s
+        out.append(row)
+    return Table(out)
+
+
+def plot_kinds(table: Table, copy_gbps: float | None = None, ax=None):
+    """Bars of `same_bytes_gbps`: eager, compile and hand-fused per fusion kind; a taller bar is a faster
+    version. The copy bandwidth, as a dotted line, is the most the hand-fused bytes can go."""
+    import matplotlib.pyplot as plt
+
+    rows = same_bytes_gbps(table).rows
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 4), layout="constrained")
+    width = 0.27
+    for i, (impl, label) in enumerate(IMPLS):
+        ax.bar([j + (i - 1) * width for j in range(len(rows))], [r[impl] for r in rows], width, label=label)
+    if copy_gbps:
+        ax.axhline(copy_gbps, ls=":", color="gray", label="copy bandwidth")
+    ax.set_xticks(range(len(rows)), [f"{r['kind']}\n{r['shape']} {r['dtype']}" for r in rows], fontsize=7)
+    ax.set_ylabel("GB/s of the hand-fused kernel's bytes\n(higher = faster)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: no bar hidden
+    return ax
