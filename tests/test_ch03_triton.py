@@ -371,9 +371,11 @@ def test_matmul_configs_pruned_to_snug_tiles():
     assert matmul_mod.snug_tiles(tiles, 4096, 4096) == tiles
     # no tile is both the shortest and the narrowest: the shortest, then the narrowest of those
     assert matmul_mod.snug_tiles(tiles[:3], 16, 16) == tiles[:1]
-    for configs in (matmul_mod.GPU_CONFIGS, matmul_mod.TMA_CONFIGS):  # any shape keeps a config
-        for m, n in ((1, 1), (16, 16), (16, 4096), (4096, 16), (97, 61)):
-            assert matmul_mod.snug_tiles(configs, m, n), (m, n)
+    for configs, staged in ((matmul_mod.GPU_CONFIGS, False), (matmul_mod.TMA_CONFIGS, True)):
+        for dtype in (torch.float32, torch.bfloat16):  # any shape and dtype keeps a config of the GPU lists
+            for m, n in ((1, 1), (16, 16), (16, 4096), (4096, 16), (97, 61)):
+                args = {"a_ptr": torch.empty(1, 1, dtype=dtype), "M": m, "N": n}
+                assert matmul_mod._prune(configs, args, c_staged=staged), (dtype, m, n)
     a = torch.empty(8, 8, dtype=torch.float16)
     assert matmul_mod._prune(tiles, {"a_ptr": a, "M": 120, "N": 100}) == [tiles[0], tiles[1], tiles[3]]
 
