@@ -307,3 +307,19 @@ def test_ch05_kinds_bars_put_every_version_on_the_fused_bytes():
     assert add_relu["labkernels"] == pytest.approx(3000.0)  # 3e9 bytes in 1 ms: 3000 GB/s
     assert add_relu["eager"] == pytest.approx(add_relu["labkernels"] / 3.0)  # 3x the time, a third the bar
     assert_readable(plot_kinds(Table(rows), copy_gbps=4000.0).figure)
+
+
+def test_ch06_sequence_sweep_plot_reads_and_keeps_coinciding_lines_apart():
+    """The fused kernels' memory lines coincide; each keeps its own marker and width so all show."""
+    from labkernels.ch06_attention.bench import SWEEP_IMPLS, plot_sequence_sweep
+
+    rows = [
+        {"impl": impl, "seq": s, "tflops": (i + 1) * s / 512, "peak_mb": s / 32 * (1 + (i >= 4) * s / 64)}
+        for i, impl in enumerate(SWEEP_IMPLS)
+        for s in (512, 1024, 2048)
+    ]
+    fig = plot_sequence_sweep(Table(rows), "B=4 H=16 D=64 bf16, fake")
+    lines = fig.axes[1].get_lines()
+    assert len({line.get_marker() for line in lines}) == len(SWEEP_IMPLS)
+    assert len({line.get_linewidth() for line in lines}) == len(SWEEP_IMPLS)
+    assert_readable(fig)

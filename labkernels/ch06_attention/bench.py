@@ -251,3 +251,31 @@ def naive_memory_sweep(seqs, batch=1, heads=4, head_dim=64, dtype=None) -> Table
         return out
 
     return sweep(measure, {"seq": list(seqs)}, desc="sequence length")
+
+
+SWEEP_IMPLS = ("labkernels", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "naive")
+
+
+def plot_sequence_sweep(sweep_table: Table, title: str = ""):
+    """TFLOP/s and extra peak memory against sequence length, one line per implementation. The fused kernels
+    hold the same memory, so their lines coincide: each gets its own marker, and the ones drawn first are
+    wider, so every line still shows where they lie on top of each other."""
+    import matplotlib.pyplot as plt
+
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(12, 4), layout="constrained")
+    for i, (impl, marker) in enumerate(zip(SWEEP_IMPLS, "osD^vx", strict=True)):
+        rows = [r for r in sweep_table.where(impl=impl).rows if r["tflops"] == r["tflops"]]  # NaN: not run
+        seqs = [r["seq"] for r in rows]
+        style = {"marker": marker, "markersize": 7 - i, "linewidth": 4 - 0.5 * i, "label": impl}
+        speed.plot(seqs, [r["tflops"] for r in rows], **style)
+        memory.plot(seqs, [max(r["peak_mb"], 1e-1) for r in rows], **style)  # log axis: no zeros
+    for ax in (speed, memory):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.grid(True, alpha=0.3)
+    speed.set_ylabel("TFLOP/s")
+    memory.set_ylabel("extra peak memory, MB")
+    memory.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(title, fontsize=9)
+    return fig
