@@ -92,11 +92,15 @@ def plot_sweep(
     logy: bool | None = None,
     title: str | None = None,
     ylabel: str | None = None,
+    order: Sequence | None = None,
 ):
-    """Lines of `y` against `x`, one per value of `by`; a reference table is drawn dashed beside them.
+    """Lines of `y` against `x`, one per value of `by`; a reference table is drawn dashed beside them, each
+    group in the same color as this machine's line of it.
 
     `logy=None` picks a log y axis when the values span more than 20x (this machine's 10 GB/s beside an
-    H200's 4 000 would otherwise lie flat on the axis); a value <= 0 keeps it linear.
+    H200's 4 000 would otherwise lie flat on the axis); a value <= 0 keeps it linear. `order` lists groups
+    first in that order, so that figures side by side give each group one color even where one of them
+    lacks some groups.
     """
     for t, what in ((table, "table"), (reference, "reference")):
         needed = [c for c in (x, y, by) if c is not None]
@@ -105,10 +109,11 @@ def plot_sweep(
             raise KeyError(f"plot_sweep: the {what} has no column(s) {missing}; its columns are {t.columns}")
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
-    _lines(ax, table, x, y, by, style="-o", suffix="", single="this machine")
+    colors = _group_colors(by, (table, reference), order)
+    _lines(ax, table, x, y, by, style="-o", suffix="", single="this machine", colors=colors)
     if reference is not None and len(reference):
         device = str(reference.rows[0].get("device", "reference"))
-        _lines(ax, reference, x, y, by, style="--", suffix=f" ({device})", single=device)
+        _lines(ax, reference, x, y, by, style="--", suffix=f" ({device})", single=device, colors=colors)
     if logx:
         ax.set_xscale("log", base=2)
     if logy is None:
@@ -125,10 +130,20 @@ def plot_sweep(
     return ax
 
 
-def _lines(ax, table: Table, x: str, y: str, by: str | None, style: str, suffix: str, single: str) -> None:
+def _group_colors(by: str | None, tables, order: Sequence | None) -> dict:
+    """One of matplotlib's ten cycle colors per group: `order` first, then the groups of each table as met."""
+    names = list(order or [])
+    for t in tables:
+        if by and t is not None and len(t):
+            names += [g for g in t.unique(by) if g not in names]
+    return {group: f"C{i % 10}" for i, group in enumerate(names)}
+
+
+def _lines(ax, table: Table, x, y, by, style: str, suffix: str, single: str, colors: dict) -> None:
     groups = table.unique(by) if by else [None]
     for group in groups:
         part = table.where(**{by: group}) if by else table
         rows = sorted(part.rows, key=lambda r: r[x])
         label = f"{group}{suffix}" if by else single
-        ax.plot([r[x] for r in rows], [r[y] for r in rows], style, label=label, markersize=3)
+        color = colors.get(group)  # None (no `by`): the axes' own cycle
+        ax.plot([r[x] for r in rows], [r[y] for r in rows], style, label=label, markersize=3, color=color)

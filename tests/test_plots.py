@@ -323,3 +323,15 @@ def test_ch06_sequence_sweep_plot_reads_and_keeps_coinciding_lines_apart():
     assert len({line.get_marker() for line in lines}) == len(SWEEP_IMPLS)
     assert len({line.get_linewidth() for line in lines}) == len(SWEEP_IMPLS)
     assert_readable(fig)
+
+
+def test_sweep_colors_follow_the_group_not_the_drawing_order():
+    """A group's reference line (dashed) has the color of this machine's line of it, and `order` keeps one
+    color per group across figures whose tables hold different groups (the CPU lane has no Triton rows)."""
+    rows = [{"n": n, "impl": impl, "gbps": float(n)} for n in (1, 2) for impl in ("a", "c")]
+    ref = Table({**r, "impl": impl, "device": "H200"} for r in rows for impl in ("a", "b", "c"))
+    ax = plot_sweep(Table(rows), "n", "gbps", by="impl", reference=ref, order=["a", "b", "c"])
+    color = {line.get_label(): line.get_color() for line in ax.get_lines()}
+    assert color["a"] == color["a (H200)"] == "C0" and color["c"] == color["c (H200)"] == "C2"
+    assert color["b (H200)"] == "C1"
+    plt.close(ax.figure)

@@ -140,6 +140,7 @@ def plot_transpose(
         ax=ax,
         title=title,
         ylabel="GB/s (traffic model)",
+        order=list(IMPLS),  # each implementation one color in both lanes' figures
     )
     if copy_gbps:
         ax.axhline(copy_gbps, color="black", lw=1, ls=":", label="copy bandwidth (the roof)")
