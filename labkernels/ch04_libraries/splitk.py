@@ -212,6 +212,22 @@ def _dot_range(
 
 
 @triton.jit
+def _store_tile(
+    c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BIG: tl.constexpr,
+):  # fmt: skip
+    """C's tile (pid_m, pid_n) = acc in C's dtype, masked at M and N; int64 offsets when BIG (past 2^31)."""
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    if BIG:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write BM x BN
+
+
+@triton.jit
 def _split_k_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, M, N, K, K_SPLIT,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -304,14 +320,7 @@ def _stream_k_kernel(
                     )
                     tl.atomic_xchg(flags_ptr + j, 0)  # consumed: ready for the next launch
                 acc = total_acc + acc
-            offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-            offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-            if BIG:
-                offs_m = offs_m.to(tl.int64)
-                offs_n = offs_n.to(tl.int64)
-            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write BM x BN
+            _store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BIG)
         hi = lo
 
 
@@ -337,14 +346,7 @@ def _k_major_tma_kernel(
             a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])  # read BM x BK
             bt = b_desc.load([pid_n * BLOCK_SIZE_N, k * BLOCK_SIZE_K])  # read BN x BK
             acc = tl.dot(a, bt.T, acc, input_precision=INPUT_PRECISION)
-        offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        if BIG:
-            offs_m = offs_m.to(tl.int64)
-            offs_n = offs_n.to(tl.int64)
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write BM x BN
+        _store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BIG)
 
 
 # --- autotuning and launching ------------------------------------------------------------------------------
