@@ -81,6 +81,10 @@ def _spread(*tables: Table | None, column: str) -> float:
     return max(positive) / min(positive)
 
 
+# How the columns that tables share read on an axis; any other column is its own label.
+AXIS_LABELS = {"gbps": "GB/s", "tflops": "TFLOP/s", "ms": "time (ms)", "nbytes": "bytes"}
+
+
 def plot_sweep(
     table: Table,
     x: str,
@@ -120,8 +124,8 @@ def plot_sweep(
         logy = _spread(table, reference, column=y) > 20
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel(x)
-    ax.set_ylabel(ylabel or y)
+    ax.set_xlabel(AXIS_LABELS.get(x, x))
+    ax.set_ylabel(ylabel or AXIS_LABELS.get(y, y))
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)

@@ -335,3 +335,12 @@ def test_sweep_colors_follow_the_group_not_the_drawing_order():
     assert color["a"] == color["a (H200)"] == "C0" and color["c"] == color["c (H200)"] == "C2"
     assert color["b (H200)"] == "C1"
     plt.close(ax.figure)
+
+
+def test_sweep_axes_name_units_not_column_names():
+    rows = [{"nbytes": 1 << k, "gbps": float(k)} for k in (10, 11, 12)]
+    ax = plot_sweep(Table(rows), "nbytes", "gbps")
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("bytes", "GB/s")
+    labelled = plot_sweep(Table(rows), "nbytes", "gbps", ylabel="GB/s (traffic model)")
+    assert labelled.get_ylabel() == "GB/s (traffic model)"  # a caller's label wins
+    plt.close("all")
