@@ -17,6 +17,7 @@ from labkernels.ch03_triton.add_relu import add_relu
 from labkernels.ch03_triton.matmul import matmul, tuned_config
 from labkernels.ch03_triton.softmax import softmax
 from labkernels.ch03_triton.vector_add import vector_add
+from labkernels.lane import sm_count
 from labkernels.results import Table
 
 DEVICE = labkernels.DEVICE
@@ -377,7 +378,28 @@ def test_matmul_configs_pruned_to_snug_tiles():
                 args = {"a_ptr": torch.empty(1, 1, dtype=dtype), "M": m, "N": n}
                 assert matmul_mod._prune(configs, args, c_staged=staged), (dtype, m, n)
     a = torch.empty(8, 8, dtype=torch.float16)
-    assert matmul_mod._prune(tiles, {"a_ptr": a, "M": 120, "N": 100}) == [tiles[0], tiles[1], tiles[3]]
+    snug = [tiles[0], tiles[1], tiles[3]]
+    assert matmul_mod.snug_tiles(tiles, 120, 100) == snug
+    kept = matmul_mod._prune(tiles, {"a_ptr": a, "M": 120, "N": 100})
+    assert kept == matmul_mod.filling_tiles(snug, 120, 100, sm_count())
+
+
+def test_matmul_configs_pruned_to_tiles_that_fill_the_gpu():
+    """Wave quantization: a tile that leaves over 40% of the SMs idle is not tuned when others fill them."""
+    gpu = matmul_mod.GPU_CONFIGS
+
+    def shapes(configs):
+        return {(c.kwargs["BLOCK_SIZE_M"], c.kwargs["BLOCK_SIZE_N"]) for c in configs}
+
+    kept = matmul_mod.filling_tiles(gpu, 1536, 1536, 132)
+    assert shapes(kept) == {(128, 128), (64, 256), (128, 64), (64, 128)}  # 72 tiles of 128 x 256 dropped
+    assert matmul_mod.filling_tiles(gpu, 4096, 4096, 132) == gpu  # 128 tiles or more for every config
+    # 1024^3: only 64 x 128 and 128 x 64 make 128 tiles; 128 x 128 makes 64, under 0.6 x 128
+    assert shapes(matmul_mod.filling_tiles(gpu, 1024, 1024, 132)) == {(128, 64), (64, 128)}
+    # 16 rows: no config fills the GPU; those with the most tiles (the narrowest) stay
+    narrow = matmul_mod.filling_tiles(matmul_mod.snug_tiles(gpu, 16, 4096), 16, 4096, 132)
+    assert shapes(narrow) == {(64, 128)}  # 32 tiles; 64 x 256 makes 16
+    assert matmul_mod.filling_tiles(gpu[:1], 16, 16, 132) == gpu[:1]  # never empty
 
 
 def test_matmul_strided_operands():

@@ -123,10 +123,30 @@ def snug_tiles(configs: list, m: int, n: int) -> list:
     return [c for c in short if c.kwargs["BLOCK_SIZE_N"] <= n_cap]
 
 
+# A config whose tiles keep fewer than this share of the SMs busy is not tuned when another fills them.
+MIN_FILL = 0.6
+
+
+def tile_count(config, m: int, n: int) -> int:
+    """Programs a tiled launch of this config runs on an M x N output: one per tile of C."""
+    return triton.cdiv(m, config.kwargs["BLOCK_SIZE_M"]) * triton.cdiv(n, config.kwargs["BLOCK_SIZE_N"])
+
+
+def filling_tiles(configs: list, m: int, n: int, sms: int) -> list:
+    """Drop tiles so big that they leave more than 40% of the SMs idle, when other tiles give every SM (or
+    as many as any config can) work. At 1536^3 a 128 x 256 tile makes 72 programs for 132 SMs: with 45% of
+    the machine idle no per-SM speed wins that back, yet one tuning on the H200 picked it (0.67 of cuBLAS,
+    where another timing of the same configs picked one at 0.74: gpu_jobs/tuning_cost.py). Never empty."""
+    reachable = min(sms, max(tile_count(c, m, n) for c in configs))
+    return [c for c in configs if tile_count(c, m, n) >= MIN_FILL * reachable]
+
+
 def _prune(configs, named_args, c_staged: bool = False, **kwargs):
-    """The autotuners' pruning: tiles that fit shared memory, then only those snug to M and N."""
+    """The autotuners' pruning: tiles that fit shared memory, then only those snug to M and N, then only
+    those that fill the GPU (where some do)."""
     fits = _prune_by_shared_memory(configs, named_args, c_staged=c_staged)
-    return snug_tiles(fits, named_args["M"], named_args["N"])
+    m, n = named_args["M"], named_args["N"]
+    return filling_tiles(snug_tiles(fits, m, n), m, n, sm_count())
 
 
 @triton.jit
