@@ -113,19 +113,6 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> fl
     return cpu_bench(fn, warmup=min(warmup, 2), rep=max(3, min(rep, 10)))
 
 
-def time_ms_interleaved(fns: dict[str, Callable[[], object]], *, rounds: int = 5, rep: int = 100) -> dict:
-    """`time_ms` of each fn, timed in alternating rounds (a, b, c, a, b, c, ...): per fn the median over the
-    rounds, each round `rep / rounds` ms. Kernels that all run at the copy roofline differ by less than a
-    GPU's clock and thermal drift over a benchmark; timed one after the other, the order would choose the
-    winner. On the CPU lane one round (host timings are long and are never reported as results)."""
-    rounds = rounds if LANE == "gpu" else 1
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(time_ms(fn, rep=max(1, rep // rounds)))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def graph_ms(fn: Callable[[], object], *, rep: int = 100) -> float:
     """Median GPU time of `fn()` in ms with the host taken out: on the GPU lane the calls are captured in a
     CUDA graph and replayed (`do_bench_cudagraph`), so launches cost no Python. L2 is *not* cleared between

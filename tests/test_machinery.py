@@ -112,27 +112,6 @@ def test_timing_measures_real_time_and_rejects_bad_arguments():
     assert 1900 <= us <= 20_000
 
 
-def test_time_ms_interleaved_alternates_and_takes_each_median(monkeypatch):
-    """On the GPU lane the functions are timed in rounds, a b a b ...: a drift in the machine's speed reaches
-    every function alike; each gets the median of its rounds. The CPU lane times one round."""
-    calls, times = [], {"a": iter([5.0, 1.0, 2.0]), "b": iter([3.0, 9.0, 4.0])}
-
-    def fake_time_ms(fn, rep):
-        calls.append((fn(), rep))
-        return next(times[calls[-1][0]])
-
-    monkeypatch.setattr(timing, "time_ms", fake_time_ms)
-    monkeypatch.setattr(timing, "LANE", "gpu")
-    ms = timing.time_ms_interleaved({"a": lambda: "a", "b": lambda: "b"}, rounds=3, rep=30)
-    assert [name for name, _ in calls] == ["a", "b"] * 3 and {rep for _, rep in calls} == {10}
-    assert ms == {"a": 2.0, "b": 4.0}
-    calls.clear()
-    monkeypatch.setattr(timing, "LANE", "cpu")
-    times = {"a": iter([7.0]), "b": iter([8.0])}
-    assert timing.time_ms_interleaved({"a": lambda: "a", "b": lambda: "b"}, rounds=3) == {"a": 7.0, "b": 8.0}
-    assert [name for name, _ in calls] == ["a", "b"]
-
-
 def test_graph_ms_times_the_work_of_this_lane():
     """graph_ms replays a CUDA graph on the GPU lane, so it must be given GPU work: a host sleep is not
     captured by a graph and would time as nothing. On the GPU, time a copy far bigger than L2 both ways: the

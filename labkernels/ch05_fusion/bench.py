@@ -42,24 +42,23 @@ def _copy_impl(t: Traffic):
 
 
 def fusion_rows(kind: str, params: dict, impls: list, copy_gbps: float) -> list[dict]:
-    """Time each (impl, fn, traffic), in alternating rounds; a row per impl with ms, bytes, GB/s, fraction of
-    copy bandwidth, and the speed-up over eager and the ratio to torch.compile (compile ms / ms: > 1 means
-    faster than compile)."""
-    for _, fn, _ in impls:
-        fn()  # compiles, autotunes, warms up outside the timed region
-    # interleaved: the fused kernels and compile's run at the same roofline, where order would pick a winner
-    ms = timing.time_ms_interleaved({impl: fn for impl, fn, _ in impls})
+    """Time each (impl, fn, traffic); a row per impl with ms, bytes, GB/s, fraction of copy bandwidth, and the
+    speed-up over eager and the ratio to torch.compile (compile ms / ms: > 1 means faster than compile)."""
     rows = []
-    for impl, _, t in impls:
-        gbps = timing.gbps(t.bytes, ms[impl])
-        row = {"kind": kind, **params, "impl": impl, "ms": ms[impl], "bytes": t.bytes, "gbps": gbps}
+    for impl, fn, t in impls:
+        fn()  # compiles, autotunes, warms up outside the timed region
+        ms = timing.time_ms(fn)
+        gbps = timing.gbps(t.bytes, ms)
+        row = {"kind": kind, **params, "impl": impl, "ms": ms, "bytes": t.bytes, "gbps": gbps}
         row["fraction_of_copy"] = gbps / copy_gbps
         if t.flops and t.intensity > 10:  # matmuls: compute-bound, TFLOP/s says more
-            row["tflops"] = timing.tflops(t.flops, ms[impl])
-        if impl != "copy":
-            row["speedup_vs_eager"] = ms["eager"] / ms[impl]
-            row["ratio_vs_compile"] = ms["compile"] / ms[impl]
+            row["tflops"] = timing.tflops(t.flops, ms)
         rows.append(row)
+    ms = {r["impl"]: r["ms"] for r in rows}
+    for r in rows:
+        if r["impl"] != "copy":
+            r["speedup_vs_eager"] = ms["eager"] / r["ms"]
+            r["ratio_vs_compile"] = ms["compile"] / r["ms"]
     return rows
 
 
