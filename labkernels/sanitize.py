@@ -524,7 +524,8 @@ NOT_OPS = {
     "tuned_config", "vector_width", "needs_int64", "registers", "chain_registers", "check_count",
     "check_block_size", "check_num_warps", "check_elementwise", "check_out_overlap", "check_operands",
     "split_for", "split_chunk", "auto_candidates", "num_sms", "chosen_kernel", "candidates", "output_size",
-    "weight_from_torch", "grad_wanted", "row_alignment", "bwd_config", "snug_tiles",
+    "weight_from_torch", "grad_wanted", "row_alignment", "bwd_config", "snug_tiles", "filling_tiles",
+    "tile_count",
 }  # fmt: skip
 
 
