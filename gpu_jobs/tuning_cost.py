@@ -15,8 +15,14 @@ tiled matmul for a few shapes with three benchers, the autotuner's cache cleared
 and prints each one's tuning wall time, its pick, and the pick's time in graph replays (against cuBLAS); then
 the cost of one `gc.collect()` in this process.
 
+Then the ranks: each config the pruning keeps, launched alone, timed in ROUNDS alternating rounds (config 1,
+2, ..., 1, 2, ...) by `graph_ms` and by the shipped bencher. If a config's times hold from round to round
+while the tuned pick moves between processes (gpu_jobs/matmul_picks.sh), the tuning's single timing is the
+noise; if the rounds themselves reorder the configs, the GPU's state drifts within a tuning.
+
     PYTHONPATH=$PWD python gpu_jobs/tuning_cost.py          # GPU
     PYTHONPATH=$PWD python gpu_jobs/tuning_cost.py --smoke  # CPU lane: the host bencher twice, one tiny shape
+    PYTHONPATH=$PWD python gpu_jobs/tuning_cost.py --ranks [--smoke]  # the ranks alone (GPU; CPU lane)
 """
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
@@ -78,6 +84,41 @@ def gc_ms(times: int = 5) -> float:
     return statistics.median(samples)
 
 
+ROUNDS = 3
+
+
+def _launch_alone(config, a, b) -> None:
+    """Chapter 03's tiled matmul with one config: the autotuner has nothing to time and launches it."""
+    ch03._matmul_kernel.configs = [config]
+    ch03._matmul_kernel.cache.clear()
+    for cache in (ch03._tuned_launches, ch03._launches, ch03._auto_choices):
+        cache.clear()
+    ch03.matmul(a, b, kernel="tiled")
+
+
+def ranks(shape, rounds: int = ROUNDS) -> None:
+    """Per kept config, its time in each round by both timers (us), the configs alternating."""
+    m, n, k = shape
+    dtype = torch.bfloat16 if labkernels.on_gpu() else torch.float32
+    a = torch.randn(m, k, device=labkernels.DEVICE, dtype=dtype)
+    b = torch.randn(k, n, device=labkernels.DEVICE, dtype=dtype)
+    every = list(ch03._matmul_kernel.configs)
+    kept = ch03._prune(every, {"a_ptr": a, "M": m, "N": n})
+    times = {str(c): {"graph_ms": [], "shipped": []} for c in kept}
+    call = lambda: ch03.matmul(a, b, kernel="tiled")  # noqa: E731
+    try:
+        for _ in range(rounds):
+            for config in kept:
+                _launch_alone(config, a, b)
+                times[str(config)]["graph_ms"].append(timing.graph_ms(call, rep=20) * 1e3)
+                times[str(config)]["shipped"].append(timing.graph_autotune_bench(call)[0] * 1e3)
+    finally:
+        ch03._matmul_kernel.configs = every
+    for config, by in times.items():
+        cells = "  ".join(f"{name} " + " ".join(f"{t:7.2f}" for t in ts) for name, ts in by.items())
+        print(f"{shape} ranks: {config.split(', num_ctas')[0]}: {cells} us", flush=True)
+
+
 def main(shapes) -> None:
     for shape in shapes:
         library = None
@@ -93,9 +134,16 @@ def main(shapes) -> None:
     print(f"gc.collect() in this process: {gc_ms():.1f} ms ({len(gc.get_objects())} objects)", flush=True)
 
 
+def main_ranks(shapes) -> None:
+    for shape in shapes:
+        ranks(shape)
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    if "--smoke" in sys.argv:
+    if "--ranks" in sys.argv:  # the ranks alone
+        main_ranks([(40, 48, 64)] if "--smoke" in sys.argv else [(1536, 1536, 1536), (4096, 512, 4096)])
+    elif "--smoke" in sys.argv:
         main([(40, 48, 64)])
     else:
         main([(1024, 1024, 1024), (1536, 1536, 1536), (4096, 4096, 4096)])

@@ -63,3 +63,16 @@ def test_tuning_cost_smoke_mode_passes():
     out = _smoke_output("tuning_cost.py")
     assert out.count("pick BLOCK_SIZE_M") == 2 and "host, again" in out
     assert "gc.collect() in this process" in out
+
+
+@cpu_lane
+def test_tuning_cost_ranks_smoke_mode_passes():
+    """gpu_jobs/tuning_cost.py --ranks: each config the pruning keeps, launched alone, timed in every round by
+    both timers."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "gpu_jobs" / "tuning_cost.py"), "--ranks", "--smoke"],
+        cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if " ranks: " in line]
+    assert lines and all(len(line.split("graph_ms ")[1].split("shipped")[0].split()) == 3 for line in lines)
