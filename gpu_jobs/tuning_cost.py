@@ -96,27 +96,53 @@ def _launch_alone(config, a, b) -> None:
     ch03.matmul(a, b, kernel="tiled")
 
 
-def ranks(shape, rounds: int = ROUNDS) -> None:
-    """Per kept config, its time in each round by both timers (us), the configs alternating."""
+# Beside the list, at 1536^3: configs near the one picked there (64 x 128 x 64, 3 stages, 4 warps), for a tile
+# that beats it. 64 x 128 and 128 x 64 make 288 tiles, 64 x 64 576, 64 x 256 144.
+EXTRA_1536 = [
+    ch03._config(64, 128, 64, stages=s, warps=w, group=g)
+    for s, w, g in ((2, 4, 8), (5, 4, 8), (3, 8, 8), (4, 8, 8), (3, 4, 4), (3, 4, 16))
+] + [
+    ch03._config(64, 128, 128, stages=2, warps=4),
+    ch03._config(64, 128, 128, stages=3, warps=4),
+    ch03._config(128, 64, 128, stages=3, warps=4),
+    ch03._config(64, 64, 64, stages=4, warps=4),
+    ch03._config(64, 64, 128, stages=3, warps=4),
+    ch03._config(64, 256, 64, stages=3, warps=8),
+]
+
+
+def _name(config) -> str:
+    kw = config.kwargs
+    tile = f"{kw['BLOCK_SIZE_M']}x{kw['BLOCK_SIZE_N']}x{kw['BLOCK_SIZE_K']}"
+    return f"{tile} g{kw['GROUP_SIZE_M']} s{config.num_stages} w{config.num_warps}"
+
+
+def ranks(shape, rounds: int = ROUNDS, extra=()) -> None:
+    """Per kept config (and each of `extra`), its time in each round by both timers (us), the configs
+    alternating, and cuBLAS's in graph replays once per round."""
     m, n, k = shape
     dtype = torch.bfloat16 if labkernels.on_gpu() else torch.float32
     a = torch.randn(m, k, device=labkernels.DEVICE, dtype=dtype)
     b = torch.randn(k, n, device=labkernels.DEVICE, dtype=dtype)
     every = list(ch03._matmul_kernel.configs)
-    kept = ch03._prune(every, {"a_ptr": a, "M": m, "N": n})
-    times = {str(c): {"graph_ms": [], "shipped": []} for c in kept}
+    kept = ch03._prune(every, {"a_ptr": a, "M": m, "N": n}) + list(extra)
+    times = {_name(c): {"graph_ms": [], "shipped": []} for c in kept}
     call = lambda: ch03.matmul(a, b, kernel="tiled")  # noqa: E731
+    library = []
     try:
         for _ in range(rounds):
+            if labkernels.on_gpu():
+                library.append(timing.graph_ms(lambda: a @ b, rep=20) * 1e3)
             for config in kept:
                 _launch_alone(config, a, b)
-                times[str(config)]["graph_ms"].append(timing.graph_ms(call, rep=20) * 1e3)
-                times[str(config)]["shipped"].append(timing.graph_autotune_bench(call)[0] * 1e3)
+                times[_name(config)]["graph_ms"].append(timing.graph_ms(call, rep=20) * 1e3)
+                times[_name(config)]["shipped"].append(timing.graph_autotune_bench(call)[0] * 1e3)
     finally:
         ch03._matmul_kernel.configs = every
+    print(f"{shape} cuBLAS, graph_ms per round: " + " ".join(f"{t:7.2f}" for t in library), "us", flush=True)
     for config, by in times.items():
         cells = "  ".join(f"{name} " + " ".join(f"{t:7.2f}" for t in ts) for name, ts in by.items())
-        print(f"{shape} ranks: {config.split(', num_ctas')[0]}: {cells} us", flush=True)
+        print(f"{shape} ranks: {config}: {cells} us", flush=True)
 
 
 def main(shapes) -> None:
@@ -136,7 +162,7 @@ def main(shapes) -> None:
 
 def main_ranks(shapes) -> None:
     for shape in shapes:
-        ranks(shape)
+        ranks(shape, extra=EXTRA_1536 if shape == (1536, 1536, 1536) else ())
 
 
 if __name__ == "__main__":

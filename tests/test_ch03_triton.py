@@ -231,6 +231,39 @@ def test_matmul_16bit_epilogue(dtype, activation):
         assert _matmul_error(got, a, b, bias, activation) <= 2 * torch_err + 1e-3
 
 
+def _one_config(monkeypatch, kernel, config):
+    """The autotuner of `kernel` holds only `config`, and no winner of an earlier test is kept: matmul()
+    launches exactly this config (the autotuner times nothing when there is one)."""
+    monkeypatch.setattr(kernel, "configs", [config])
+    monkeypatch.setattr(kernel, "cache", {})
+    monkeypatch.setattr(matmul_mod, "_tuned_launches", {})
+    monkeypatch.setattr(matmul_mod, "_auto_choices", {})
+    monkeypatch.setattr(matmul_mod, "_launches", matmul_mod.launch_cache.KeyedLaunches())
+
+
+# Every config of the GPU lists, each alone: the other tests tune among a few, the benchmarks check nothing.
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "kernel_name, index",
+    [("tiled", i) for i in range(len(matmul_mod.GPU_CONFIGS))]
+    + [("tma_persistent", i) for i in range(len(matmul_mod.TMA_CONFIGS))],
+)
+def test_every_gpu_config_is_correct(monkeypatch, kernel_name, index):
+    tiled = kernel_name == "tiled"
+    kernel = matmul_mod._matmul_kernel if tiled else matmul_mod._matmul_tma_kernel
+    config = (matmul_mod.GPU_CONFIGS if tiled else matmul_mod.TMA_CONFIGS)[index]
+    _one_config(monkeypatch, kernel, config)
+    # a ragged K-step (tiled: K = 150; TMA rows must be 16-byte multiples: K = 152), then an even one
+    for m, n, k in ((200, 136, 150 if tiled else 152), (130, 264, 128)):
+        a = torch.randn(m, k, device=DEVICE).bfloat16()
+        b = torch.randn(k, n, device=DEVICE).bfloat16()
+        got = matmul(a, b, kernel=kernel_name)
+        assert matmul_mod.tuned_config(a, b, kernel=kernel_name) == (kernel_name, config)
+        torch_err = _matmul_error(matmul_mod.reference(a, b).to(torch.bfloat16), a, b)
+        assert _matmul_error(got, a, b) <= 2 * torch_err + 1e-3, (m, n, k)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, gpu])])
 def test_gelu_polynomial_for_16_bit_outputs(dtype):
     """`_gelu_for_16_bit` (ACTIVATION="gelu_poly") through the tiled kernel as c = gelu(x @ [1]): within
