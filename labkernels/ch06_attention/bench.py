@@ -198,6 +198,10 @@ CLUSTER_VARIANTS = ("shipped", "cluster", "cluster_persistent", "plain_cluster_p
 # ch06_softmax_slots.csv): one relaxed atomic to publish, and the polled words are the data (no count, no
 # fence, no second load); `split` is the shipped exchange at the same configurations.
 SLOTS_VARIANTS = ("shipped", "split", "split_slots")
+# The split kernel in CUDA with each chunk waiting in shared memory, copied there by cp.async, instead of in
+# registers: few registers a thread, so 3 to 16 blocks an SM (gpu_jobs/softmax_staged.py,
+# ch06_softmax_staged.csv).
+STAGED_VARIANTS = ("shipped", "staged")
 
 
 def best_softmax_variants(table: Table, variants: tuple[str, ...] = SOFTMAX_VARIANTS) -> Table:
