@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "dtypes.cuh"  // labkernels/csrc/cuda: OpMath (the fp32 compute type of half and bfloat16)
+#include "softmax_vectors.cuh"  // fast_exp2, lane_of
 
 namespace labkernels {
 namespace cuda {
@@ -45,18 +46,8 @@ namespace cg = cooperative_groups;
 constexpr int kClusterMaxThreads = 1024;
 constexpr float kClusterLog2e = 1.4426950408889634f;
 
-// 2^v in one instruction (MUFU.EX2), as Triton's tl.exp2: exp(x - m) = 2^((x - m) * log2 e).
-__device__ __forceinline__ float fast_exp2(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-
-// Element e of a 16-byte vector of scalar_t, in fp32 (4 floats or 8 halves / bfloat16s).
-template <typename scalar_t>
-__device__ __forceinline__ float lane_of(const uint4& v, int e) {
-  return static_cast<float>(OpMath<scalar_t>::to(reinterpret_cast<const scalar_t*>(&v)[e]));
-}
+using experiments::fast_exp2;  // softmax_vectors.cuh
+using experiments::lane_of;
 
 template <typename scalar_t>
 __device__ __forceinline__ void set_lane(uint4& v, int e, float f) {

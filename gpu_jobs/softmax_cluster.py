@@ -14,34 +14,23 @@ import argparse
 import ctypes
 import itertools
 import os
-import subprocess
 import sys
 import time
 
 import softmax_lagged as lagged  # Case, Recorder, bench: the same measurement as the other experiments
-
 import torch
 import triton
 
 DTYPE_TAG = {"float32": 0, "float16": 2, "bfloat16": 3}  # launch.h's Dtype
 CASES = [(8192, 5000), (4096, 32768), (1024, 262144), (37, 100008)]
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def build(out_dir: str, plain: bool) -> ctypes.CDLL:
     lib = os.path.join(out_dir, f"libsoftmax_cluster{'_plain' * plain}.so")
-    cmd = ["nvcc", "-O3", "-std=c++17", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
-    cmd += ["-DLK_SOFTMAX_PLAIN_ACCESS"] * plain  # plain loads and stores instead of the streaming hints
-    cmd += ["-I", os.path.join(HERE, "..", "labkernels", "csrc", "cuda"), "-o", lib]
-    cmd += [os.path.join(HERE, "softmax_cluster.cu")]
-    start = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    print(f"nvcc: rc={done.returncode} in {time.time() - start:.1f} s", flush=True)
+    flags = ("-DLK_SOFTMAX_PLAIN_ACCESS",) * plain  # plain loads and stores instead of the streaming hints
+    done = lagged.nvcc_library("softmax_cluster.cu", lib, flags)
     with open(os.path.join(out_dir, f"ptxas{'_plain' * plain}.txt"), "w") as f:
         f.write(done.stdout + done.stderr)
-    if done.returncode:
-        print(done.stderr[-3000:])
-        sys.exit(1)
     return ctypes.CDLL(lib)
 
 
@@ -65,13 +54,7 @@ def launcher(lib, case, cluster, threads, vecs, persistent, x=None):
             ctypes.c_longlong(x.shape[0]), ctypes.c_longlong(x.shape[1] // vec),
             ctypes.c_longlong(x.stride(0) // vec), ctypes.c_longlong(case.out.stride(0) // vec),
             ctypes.c_int(cluster), ctypes.c_int(threads), ctypes.c_int(vecs), ctypes.c_int(persistent))  # fmt: skip
-
-    def call():
-        err = lib.lk_softmax_cluster(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-        if err:
-            raise RuntimeError(f"cudaError {err}")
-
-    return call
+    return lagged.ctypes_launch(lib.lk_softmax_cluster, args)
 
 
 def main() -> int:
@@ -92,10 +75,7 @@ def main() -> int:
             if time.time() - start > a.budget_s:
                 print("budget spent", flush=True)
                 break
-            case = lagged.Case(rows, cols, dtype)
-            case.copy_ms = lagged.bench(lambda c=case: c.out.copy_(c.x))  # read MN, write MN
-            shipped = str(osm.config(rows, cols, getattr(torch, dtype)))
-            rec.measure(case, "shipped", shipped, lambda c=case: osm.online_softmax(c.x, c.out))
+            case = lagged.case_beside_shipped(rec, rows, cols, dtype)
             vec = 16 // case.x.element_size()
             for cluster, threads, vecs in configs(cols // vec):
                 fits = libs[""].lk_active_clusters(DTYPE_TAG[dtype], cluster, threads, vecs)
@@ -109,19 +89,13 @@ def main() -> int:
                 case.ref = osm.reference(case.x.double())
                 cluster, threads, vecs = configs(cols // vec)[-1]
                 for persistent in (0, 1):
-                    rec.measure(case, "strided" + "_persistent" * persistent,
-                                f"cluster={cluster} threads={threads} vecs={vecs}",
-                                launcher(libs[""], case, cluster, threads, vecs, persistent))
-    best = {}
-    for r in rec.rows:
-        key = (r["rows"], r["cols"], r["dtype"], r["variant"])
-        if r["correct"] and r["fraction_of_same_size_copy"] > best.get(key, (0, ""))[0]:
-            best[key] = (r["fraction_of_same_size_copy"], r["config"])
-    print("\nbest fraction of a same-size copy:")
-    for k, (f, cfg) in sorted(best.items()):
-        print(f"  {k}: {f:.3f}  {cfg}")
-    wrong = [r for r in rec.rows if not r["correct"]]
-    print(f"{len(rec.rows)} measured, {len(wrong)} wrong", flush=True)
+                    rec.measure(
+                        case,
+                        "strided" + "_persistent" * persistent,
+                        f"cluster={cluster} threads={threads} vecs={vecs}",
+                        launcher(libs[""], case, cluster, threads, vecs, persistent),
+                    )
+    rec.print_best()
     return 0
 
 

@@ -46,6 +46,7 @@ import ctypes
 import multiprocessing
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -406,6 +407,57 @@ class Recorder:
               f"{row['fraction_of_same_size_copy']:.3f} err={row['max_abs_err']} ok={row['correct']}",
               flush=True)  # fmt: skip
         return row
+
+    def print_best(self) -> None:
+        """The fastest correct configuration of each variant per shape (chapter 06's `best_softmax_variants`,
+        which the notebook reads the recorded CSV with), and how many runs were wrong."""
+        from labkernels.ch06_attention.bench import best_softmax_variants
+        from labkernels.results import Table
+
+        variants = tuple(dict.fromkeys(r["variant"] for r in self.rows))  # in the order they were measured
+        print("\nbest fraction of a same-size copy:")
+        print(best_softmax_variants(Table(r for r in self.rows if r["correct"]), variants))
+        wrong = [r for r in self.rows if not r["correct"]]
+        print(f"{len(self.rows)} measured, {len(wrong)} wrong", flush=True)
+
+
+def case_beside_shipped(rec: Recorder, rows: int, cols: int, dtype: str) -> Case:
+    """A Case with its same-size copy timed (read MN, write MN) and the shipped online_softmax measured."""
+    from labkernels.ch06_attention import online_softmax as osm
+
+    case = Case(rows, cols, dtype)
+    case.copy_ms = bench(lambda: case.out.copy_(case.x))
+    shipped = str(osm.config(rows, cols, getattr(torch, dtype)))
+    rec.measure(case, "shipped", shipped, lambda: osm.online_softmax(case.x, case.out))
+    return case
+
+
+def ctypes_launch(entry, args: tuple):
+    """A call of a C entry point of an nvcc-built library that takes `args` and the current stream last, and
+    returns a cudaError_t: raised, not ignored."""
+
+    def call():
+        err = entry(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if err:
+            raise RuntimeError(f"cudaError {err}")
+
+    return call
+
+
+def nvcc_library(source: str, library: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Builds gpu_jobs/`source` (CUDA, sm_90, with labkernels/csrc/cuda's headers) into the shared library
+    `library` with nvcc alone, for ctypes: seconds, where a torch extension takes a minute. ptxas's register
+    counts are in the result's stderr; a failed build ends the run."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = ["nvcc", "-O3", "-std=c++17", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
+    cmd += [*flags, "-I", os.path.join(here, "..", "labkernels", "csrc", "cuda"), "-o", library]
+    start = time.time()
+    done = subprocess.run([*cmd, os.path.join(here, source)], capture_output=True, text=True)
+    print(f"nvcc {source}: rc={done.returncode} in {time.time() - start:.1f} s", flush=True)
+    if done.returncode:
+        print(done.stderr[-3000:])
+        sys.exit(1)
+    return done
 
 
 def compile_ahead(workers: int, build_inputs, wait_s: float):

@@ -22,23 +22,15 @@
 #include <cstdint>
 
 #include "dtypes.cuh"  // labkernels/csrc/cuda: OpMath, Dtype
+#include "softmax_vectors.cuh"  // fast_exp2, lane_of
 
 namespace {
 
 using labkernels::cuda::OpMath;
+using labkernels::cuda::experiments::fast_exp2;  // softmax_vectors.cuh
+using labkernels::cuda::experiments::lane_of;
 
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float fast_exp2(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-
-template <typename T>
-__device__ __forceinline__ float lane_of(const uint4& v, int e) {
-  return static_cast<float>(OpMath<T>::to(reinterpret_cast<const T*>(&v)[e]));
-}
 
 __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -13,14 +13,12 @@ Case and Recorder). Built with nvcc alone and loaded with ctypes, as softmax_clu
 import argparse
 import ctypes
 import os
-import subprocess
 import sys
 import time
 
 import softmax_lagged as lagged  # Case, Recorder, bench: the same measurement as the other experiments
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = [(1024, 262144), (4096, 32768)]
 CHUNK_ELEMENTS = (4096, 8192, 16384, 32768)
 THREADS = (128, 256, 512)
@@ -29,17 +27,8 @@ MAX_SPIN = 1 << 16
 
 def build(out_dir: str) -> str:
     lib = os.path.join(out_dir, "libsoftmax_staged.so")
-    cmd = ["nvcc", "-O3", "-std=c++17", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"]
-    cmd += ["-I", os.path.join(HERE, "..", "labkernels", "csrc", "cuda"), "-o", lib]
-    cmd += [os.path.join(HERE, "softmax_staged.cu")]
-    start = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    print(f"nvcc: rc={done.returncode} in {time.time() - start:.1f} s", flush=True)
-    notes = [line for line in done.stderr.splitlines() if "Used" in line or "error" in line]
-    print("\n".join(notes), flush=True)
-    if done.returncode:
-        print(done.stderr[-3000:])
-        sys.exit(1)
+    done = lagged.nvcc_library("softmax_staged.cu", lib)
+    print("\n".join(line for line in done.stderr.splitlines() if "Used" in line), flush=True)  # registers
     return lib
 
 
@@ -55,13 +44,7 @@ def launcher(lib, case, chunk_vecs: int, threads: int):
             ctypes.c_longlong(x.shape[0]), ctypes.c_longlong(x.shape[1] // vec),
             ctypes.c_longlong(x.stride(0) // vec), ctypes.c_longlong(out.stride(0) // vec),
             ctypes.c_int(chunk_vecs), ctypes.c_int(threads), ctypes.c_int(MAX_SPIN))  # fmt: skip
-
-    def call():
-        err = lib.lk_softmax_staged(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-        if err:
-            raise RuntimeError(f"cudaError {err}")
-
-    return call
+    return lagged.ctypes_launch(lib.lk_softmax_staged, args)
 
 
 def main() -> int:
@@ -75,7 +58,6 @@ def main() -> int:
     if a.build_only:
         return 0
     lib = ctypes.CDLL(path)
-    from labkernels.ch06_attention import online_softmax as osm
 
     rec = lagged.Recorder(os.path.join(a.out_dir, "results.csv"))
     start = time.time()
@@ -84,10 +66,7 @@ def main() -> int:
             if time.time() - start > a.budget_s:
                 print("budget spent", flush=True)
                 break
-            case = lagged.Case(rows, cols, dtype)
-            case.copy_ms = lagged.bench(lambda c=case: c.out.copy_(c.x))  # read MN, write MN
-            shipped = str(osm.config(rows, cols, getattr(torch, dtype)))
-            rec.measure(case, "shipped", shipped, lambda c=case: osm.online_softmax(c.x, c.out))
+            case = lagged.case_beside_shipped(rec, rows, cols, dtype)
             vec = 16 // case.x.element_size()
             for elements in CHUNK_ELEMENTS:
                 chunk_vecs = elements // vec
@@ -97,16 +76,7 @@ def main() -> int:
                     fits = lib.lk_staged_resident(0 if dtype == "float32" else 3, chunk_vecs, threads)
                     cfg = f"chunk={elements} threads={threads} resident/SM={fits}"
                     rec.measure(case, "staged", cfg, launcher(lib, case, chunk_vecs, threads))
-    best = {}
-    for r in rec.rows:
-        key = (r["rows"], r["cols"], r["dtype"], r["variant"])
-        if r["correct"] and r["fraction_of_same_size_copy"] > best.get(key, (0, ""))[0]:
-            best[key] = (r["fraction_of_same_size_copy"], r["config"])
-    print("\nbest fraction of a same-size copy:")
-    for k, (f, cfg) in sorted(best.items()):
-        print(f"  {k}: {f:.3f}  {cfg}")
-    wrong = [r for r in rec.rows if not r["correct"]]
-    print(f"{len(rec.rows)} measured, {len(wrong)} wrong", flush=True)
+    rec.print_best()
     return 0
 
 

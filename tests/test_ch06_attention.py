@@ -473,6 +473,7 @@ def test_best_lagged_variants_one_row_each_all_checked():
         ("ch06_softmax_words", "WORDS_VARIANTS"),
         ("ch06_softmax_cluster", "CLUSTER_VARIANTS"),
         ("ch06_softmax_slots", "SLOTS_VARIANTS"),
+        ("ch06_softmax_staged", "STAGED_VARIANTS"),
     ],
 )
 def test_best_experiment_variants_one_row_each_all_checked(name, variants):
