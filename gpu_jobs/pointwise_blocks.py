@@ -21,7 +21,7 @@ import torch
 import labkernels
 import triton
 
-from labkernels import timing
+from labkernels import env, timing
 from labkernels.ch03_triton.add_relu import add_relu
 from labkernels.ch05_fusion import horizontal, pointwise
 
@@ -47,6 +47,8 @@ def main() -> int:
         return 1
     out_dir = os.path.join(os.environ.get("OUT", "/tmp"), "pointwise")
     os.makedirs(out_dir, exist_ok=True)
+    info = env.report()
+    meta = {key: info[key] for key in ("device", "torch", "triton", "cuda", "date", "git")}
     t = {k: torch.randn(N, device="cuda") for k in ("x", "y", "a", "b")}
     t |= {"out": torch.empty(N, device="cuda"), "out2": torch.empty(N, device="cuda")}
     references = {
@@ -80,11 +82,11 @@ def main() -> int:
         base = statistics.median(times["compile"])
         for name, ts in times.items():
             med = statistics.median(ts)
-            rows.append({"op": op, "impl": name, "ms": med, "vs_compile": base / med,
-                         "spread": (max(ts) - min(ts)) / med})  # fmt: skip
+            spread = (max(ts) - min(ts)) / med
+            rows.append(meta | {"op": op, "elements": N, "dtype": "float32", "impl": name, "ms": med,
+                                "vs_compile": base / med, "spread": spread})  # fmt: skip
             print(
-                f"{op:16s} {name:14s} {med * 1e3:8.1f} us  {base / med:.4f} x compile  "
-                f"spread {(max(ts) - min(ts)) / med:.3f}",
+                f"{op:16s} {name:14s} {med * 1e3:8.1f} us  {base / med:.4f} x compile  spread {spread:.3f}",
                 flush=True,
             )
     with open(f"{out_dir}/blocks.csv", "w", newline="") as f:

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from labkernels.ch03_triton.matmul import _tile_coordinates
+from labkernels import lane
 from labkernels.ch04_libraries import splitk
 from labkernels.timing import graph_ms
 
@@ -157,16 +158,29 @@ class Variant(NamedTuple):
         rows, cols = self.block_m + self.extra_m, self.block_n + self.extra_n
         return self.stages * (rows + cols) * self.block_k * element_size
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor):
+        """Launch on C; returns Triton's compiled kernel (registers, shared memory) on the GPU lane."""
         (M, K), N = a.shape, b.shape[1]
         grid = (self.tiles(M, N),)
-        _wide_tile_kernel[grid](
+        return _wide_tile_kernel[grid](
             a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(),
             BLOCK_M=self.block_m, EXTRA_M=self.extra_m, BLOCK_N=self.block_n, EXTRA_N=self.extra_n,
             BLOCK_K=self.block_k, GROUP_SIZE_M=8, EVEN_K=K % self.block_k == 0, USE_TMA=self.tma,
             num_stages=self.stages, num_warps=self.warps,
         )  # fmt: skip
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        self.launch(a, b, c)
         return c
+
+    def resident(self, a, b, c) -> int:
+        """Programs of this variant an SM holds at once: the fewest its shared memory and its registers
+        allow (a program's are all in one SM; an H100/H200 SM has 64K 32-bit registers)."""
+        compiled = self.launch(a, b, c)
+        compiled._init_handles()  # reads the registers from the loaded binary
+        by_shared = splitk.SHARED_MEMORY_BYTES // max(1, compiled.metadata.shared)
+        by_registers = 65536 // (compiled.n_regs * 32 * self.warps)
+        return min(by_shared, by_registers)
 
 
 def _both(*variant) -> list[Variant]:
@@ -188,10 +202,11 @@ GPU_VARIANTS = {
         *_both(128, 0, 128, 64, 64, 3, 8),  # 128 x 192: 96 tiles
     ],
     (3000, 5000, 1000): [
-        *_both(128, 0, 256, 0, 64, 3, 8),  # 480 tiles, 3.6 waves
-        *_both(128, 0, 128, 64, 64, 4, 8),  # 128 x 192: 648 tiles, 4.9 waves
-        *_both(128, 0, 128, 64, 64, 3, 8),
-        *_both(128, 64, 128, 0, 64, 3, 8),  # 192 x 128: 640 tiles
+        # TMA only: K = 1000 leaves a ragged last K-step, and the pointer loads mask every step (13x slower)
+        Variant(128, 0, 256, 0, 64, 3, 8, tma=True),  # 480 tiles, 3.6 waves
+        Variant(128, 0, 128, 64, 64, 4, 8, tma=True),  # 128 x 192: 648 tiles, 4.9 waves
+        Variant(128, 0, 128, 64, 64, 3, 8, tma=True),
+        Variant(128, 64, 128, 0, 64, 3, 8, tma=True),  # 192 x 128: 640 tiles
     ],
     (4096, 4096, 4096): [
         *_both(128, 0, 256, 0, 64, 3, 8),
@@ -231,7 +246,12 @@ def cpu_smoke() -> int:
 
 
 def gpu_main(out_dir: str, rounds: int) -> int:
+    from labkernels import env
+
     os.makedirs(out_dir, exist_ok=True)
+    info = env.report()
+    meta = {key: info[key] for key in ("device", "torch", "triton", "cuda", "date", "git")}
+    sms = lane.sm_count()
     rows, failures = [], 0
     for (m, n, k), variants in GPU_VARIANTS.items():
         torch.manual_seed(0)
@@ -241,6 +261,7 @@ def gpu_main(out_dir: str, rounds: int) -> int:
         calls = {"cublas": lambda a=a, b=b: a @ b, "shipped": lambda a=a, b=b: splitk.matmul(a, b)}
         calls["shipped"]()  # tunes and chooses
         errors = {"shipped": rel_err(splitk.matmul(a, b), splitk.reference(a, b))}
+        resident = {}
         for v in variants:
             if v.smem_bytes(2) > splitk.SHARED_MEMORY_BYTES:
                 print(f"{m}x{n}x{k} {v.name}: needs {v.smem_bytes(2)} B of shared memory, skipped")
@@ -248,6 +269,7 @@ def gpu_main(out_dir: str, rounds: int) -> int:
             t0 = time.time()
             try:
                 errors[v.name] = checked(v, a, b)
+                resident[v.name] = v.resident(a, b, c)
             except Exception as e:  # out of resources, a compile error: the other variants still run
                 print(f"{m}x{n}x{k} {v.name}: FAILED {e!r:.300}", flush=True)
                 failures += 1
@@ -267,7 +289,8 @@ def gpu_main(out_dir: str, rounds: int) -> int:
             failures += not ok
             variant = next((v for v in variants if v.name == name), None)
             tiles = variant.tiles(m, n) if variant else ""
-            rows.append({"m": m, "n": n, "k": k, "impl": name, "tiles": tiles, "ms": med,
+            rows.append(meta | {"m": m, "n": n, "k": k, "impl": name, "tiles": tiles, "sms": sms,
+                         "resident_per_sm": resident.get(name, ""), "ms": med,
                          "spread": (max(ts) - min(ts)) / med, "of_cublas": cublas / med,
                          "tflops": 2 * m * n * k / med / 1e9, "rel_err": err})  # fmt: skip
             print(
