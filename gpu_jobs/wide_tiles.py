@@ -200,6 +200,13 @@ GPU_VARIANTS = {
         *_both(64, 32, 128, 64, 64, 4, 4),  # 96 x 192: 128 tiles
         *_both(64, 32, 128, 64, 64, 4, 8),
         *_both(128, 0, 128, 64, 64, 3, 8),  # 128 x 192: 96 tiles
+        # smaller power-of-two tiles: more programs an SM holds, finer waves (576 tiles of 64 x 64: 4.4 an SM)
+        Variant(64, 0, 64, 0, 64, 3, 4),
+        Variant(64, 0, 64, 0, 64, 4, 4),
+        Variant(64, 0, 64, 0, 128, 3, 4),
+        Variant(64, 0, 128, 0, 64, 2, 4),
+        Variant(64, 0, 128, 0, 128, 3, 4),
+        Variant(128, 0, 64, 0, 64, 3, 4),
     ],
     (3000, 5000, 1000): [
         # TMA only: K = 1000 leaves a ragged last K-step, and the pointer loads mask every step (13x slower)
