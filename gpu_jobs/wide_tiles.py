@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from labkernels.ch03_triton.matmul import _tile_coordinates
-from labkernels import lane
+from labkernels.lane import sm_count
 from labkernels.ch04_libraries import splitk
 from labkernels.timing import graph_ms
 
@@ -258,7 +258,7 @@ def gpu_main(out_dir: str, rounds: int) -> int:
     os.makedirs(out_dir, exist_ok=True)
     info = env.report()
     meta = {key: info[key] for key in ("device", "torch", "triton", "cuda", "date", "git")}
-    sms = lane.sm_count()
+    sms = sm_count()
     rows, failures = [], 0
     for (m, n, k), variants in GPU_VARIANTS.items():
         torch.manual_seed(0)
