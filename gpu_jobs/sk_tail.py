@@ -5,10 +5,10 @@ while 108 idle for a third of the time. This kernel launches the full waves' til
 and cuts only the leftover tiles' K-steps into one equal range per SM (stream-K, SK):
 - program q < SK_PROGRAMS takes K-steps [q T / P, (q + 1) T / P) of the T = SK_TILES x steps leftover
   steps (P = SK_PROGRAMS >= SK_TILES / 2: a range touches at most 3 tiles, SLOTS); a range that covers a tile
-  only in part stores its fp32 partial in its own slot and takes a ticket (an atomic counter per tile); the program whose
-  ticket is the tile's last adds every piece's slot in program order (bitwise reproducible) and stores C,
-  and resets the ticket to 0 for the next launch (CUDA-graph replays need no reset). Nobody spins: the last
-  to arrive does the sum, so the schedule needs no program to be resident at any time;
+  only in part stores its fp32 partial in its own slot and takes a ticket (an atomic counter per tile);
+  the program whose ticket is the tile's last adds every piece's slot in program order (bitwise
+  reproducible) and stores C, and resets the ticket to 0 for the next launch (CUDA-graph replays need no
+  reset). Nobody spins: the last to arrive does the sum, so no program needs another to be resident;
 - the other programs take one whole tile each (SK programs first: their short ranges start, and finish,
   first; an SM holding 3 programs of this tile then runs 2 whole tiles and a short range).
 
