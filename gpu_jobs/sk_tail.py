@@ -56,8 +56,11 @@ def _sk_tail_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, BIG: tl.constexpr, ALIGN: tl.constexpr,
     SLOTS: tl.constexpr = 3,  # partial tiles a program may leave: its range spans at most 3 tiles
+    SK_LAST: tl.constexpr = False,  # the stream-K programs are the grid's last, not its first
 ):  # fmt: skip
     pid = tl.program_id(axis=0)
+    if SK_LAST:  # renumber: stream-K programs 0 .. SK_PROGRAMS - 1 whatever their place in the grid
+        pid = (pid + SK_PROGRAMS) % tl.num_programs(axis=0)
     steps = tl.cdiv(K, BLOCK_SIZE_K)
     if pid >= SK_PROGRAMS:  # data-parallel: tile SK_TILES + (pid - SK_PROGRAMS), all of K
         pid_m, pid_n = _tile_coordinates(
@@ -116,17 +119,20 @@ class Variant(NamedTuple):
     block_k: int
     stages: int
     warps: int
-    sk_waves: int = 0  # leftover tiles plus this many full waves go to stream-K
+    sk_waves: int = 0  # leftover tiles plus this many full waves go to stream-K (-1: none, all whole tiles)
+    sk_last: bool = False
 
     @property
     def name(self) -> str:
-        extra = f" +{self.sk_waves} wave" if self.sk_waves else ""
-        return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.stages} w{self.warps}{extra}"
+        extra = {0: "", -1: " no SK"}.get(self.sk_waves, f" +{self.sk_waves} wave")
+        return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.stages} w{self.warps}{extra}" + (
+            " SK last" if self.sk_last else ""
+        )
 
     def split(self, m: int, n: int, sms: int) -> tuple[int, int, int]:
         """(tiles, SK tiles, SK programs): the tiles past the last full wave, plus sk_waves waves, go SK."""
         tiles = triton.cdiv(m, self.block_m) * triton.cdiv(n, self.block_n)
-        sk_tiles = min(tiles, tiles % sms + self.sk_waves * sms)
+        sk_tiles = 0 if self.sk_waves < 0 else min(tiles, tiles % sms + self.sk_waves * sms)
         return tiles, sk_tiles, (sms if sk_tiles else 0)
 
 
@@ -148,13 +154,18 @@ class Runner:
             a, b, c, self.ws, self.tickets, M, N, K, sk_tiles, programs, *strides,
             INPUT_PRECISION="ieee", BLOCK_SIZE_M=self.v.block_m, BLOCK_SIZE_N=self.v.block_n,
             BLOCK_SIZE_K=self.v.block_k, GROUP_SIZE_M=8, EVEN_K=K % self.v.block_k == 0, BIG=False,
-            ALIGN=ch03.row_alignment(N, strides), num_stages=self.v.stages, num_warps=self.v.warps,
+            ALIGN=ch03.row_alignment(N, strides), SK_LAST=self.v.sk_last,
+            num_stages=self.v.stages, num_warps=self.v.warps,
         )  # fmt: skip
         return c
 
 
 GPU_SHAPES = {
     (1536, 1536, 1536): [
+        Variant(64, 128, 64, 3, 4, sk_waves=-1),  # 288 whole tiles, as chapter 03's tiled kernel
+        Variant(64, 128, 64, 3, 4, sk_last=True),
+        Variant(128, 128, 64, 4, 8, sk_waves=-1),
+        Variant(128, 128, 64, 4, 8, sk_last=True),
         Variant(64, 128, 64, 3, 4),  # 288 tiles: 264 whole, 24 SK; 3 programs an SM
         Variant(64, 128, 64, 4, 4),
         Variant(128, 64, 64, 3, 4),
@@ -177,7 +188,12 @@ GPU_SHAPES = {
         Variant(128, 128, 64, 4, 8),
     ],
 }
-CPU_VARIANTS = [Variant(32, 32, 32, 1, 4), Variant(32, 32, 16, 1, 4, sk_waves=1)]
+CPU_VARIANTS = [
+    Variant(32, 32, 32, 1, 4),
+    Variant(32, 32, 16, 1, 4, sk_waves=1),
+    Variant(32, 32, 32, 1, 4, sk_last=True),
+    Variant(32, 32, 32, 1, 4, sk_waves=-1),
+]
 
 
 def rel_err(c: torch.Tensor, ref: torch.Tensor) -> float:
@@ -206,7 +222,7 @@ def cpu_smoke() -> int:
     return int(failures > 0)
 
 
-def gpu_main(out_dir: str, rounds: int) -> int:
+def gpu_main(out_dir: str, rounds: int, only_m: list[int] | None) -> int:
     from labkernels import env
 
     os.makedirs(out_dir, exist_ok=True)
@@ -215,6 +231,8 @@ def gpu_main(out_dir: str, rounds: int) -> int:
     sms = sm_count()
     rows, failures = [], 0
     for (m, n, k), variants in GPU_SHAPES.items():
+        if only_m and m not in only_m:
+            continue
         torch.manual_seed(0)
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -264,10 +282,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--m", type=int, action="append", help="only the shapes of this M (repeatable)")
     args = parser.parse_args()
     if args.cpu_smoke or not labkernels.on_gpu():
         return cpu_smoke()
-    return gpu_main(os.path.join(os.environ.get("OUT", "/tmp"), "sk_tail"), args.rounds)
+    return gpu_main(os.path.join(os.environ.get("OUT", "/tmp"), "sk_tail"), args.rounds, args.m)
 
 
 if __name__ == "__main__":
