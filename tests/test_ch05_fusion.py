@@ -1,6 +1,8 @@
 """Chapter 05 kernels: correctness against higher-precision references, weird shapes, poisoned outputs, bad
 inputs, the traffic formulas, and the Inductor decoder. One small torch.compile (CPU lane: ~20 s cold)."""
 
+import re
+
 import pytest
 import torch
 
@@ -481,3 +483,17 @@ def test_launch_breakdown_restores_thin_launches():
     assert "the whole call, a known key, thin launches off" in steps and len(set(steps)) == len(steps)
     assert all(r["host_us"] > 0 for r in rows)
     assert launch_cache._enabled == launch_cache.enabled_from_env()
+
+
+def test_launch_config_sweep_is_level_with_compile_within_the_spread():
+    """The H200 sweep behind notebook 05's "At the roofline": three kernels at nine launch configs, each
+    checked against eager (a wrong one is named "... WRONG"); the best beats compile by less than the
+    spread between rounds, as the notebook says, and the worst sin/cos config loses far more."""
+    from labkernels.ch05_fusion.bench import launch_config_sweep
+
+    sweep, spread = launch_config_sweep()
+    assert len(sweep) == 9 and sweep.columns == ["block/warps", "add_relu", "mul_add_sigmoid", "sincos"]
+    assert all(re.fullmatch(r"\d+/\d+", c) for c in sweep.column("block/warps"))
+    for op in ("add_relu", "mul_add_sigmoid", "sincos"):
+        assert 1.0 <= max(sweep.column(op)) < 1 + spread  # level with compile, no reliable win
+    assert min(sweep.column("sincos")) < 0.9

@@ -76,3 +76,15 @@ def test_tuning_cost_ranks_smoke_mode_passes():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if " ranks: " in line]
     assert lines and all(len(line.split("graph_ms ")[1].split("shipped")[0].split()) == 3 for line in lines)
+
+
+@cpu_lane
+@pytest.mark.parametrize("script", ["wide_tiles.py", "sk_tail.py"])
+def test_matmul_fill_experiments_cpu_smoke_passes(script):
+    """Tiles of power-of-two blocks and the stream-K tail (tickets, bitwise repeatable, tickets reset)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "gpu_jobs" / script), "--cpu-smoke"],
+        cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "WRONG" not in done.stdout and done.stdout.count(" ok") >= 9

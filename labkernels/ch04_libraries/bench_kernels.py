@@ -10,6 +10,7 @@ ran first would otherwise get the cooler, faster card.
 from __future__ import annotations
 
 import contextlib
+import re
 import statistics
 
 import torch
@@ -20,6 +21,7 @@ from labkernels.ch03_triton import matmul as ch03
 from labkernels.ch04_libraries import conv as conv_mod
 from labkernels.ch04_libraries import splitk
 from labkernels.lane import DEVICE
+from labkernels.results import Table, load_reference
 from labkernels.roofline import tf32_matmuls
 
 ROUNDS = 2
@@ -135,6 +137,62 @@ def _print_matmul(rows: list[dict]) -> None:
         f"plain {ours['plain']['ratio_vs_cublas']:.2f} graph {r['ratio_vs_cublas']:.2f}",
         flush=True,
     )
+
+
+# --- filling the SMs where no power-of-two tile does -------------------------------------------------------
+
+# gpu_jobs/wide_tiles.py names a variant "BM+EM x BN+EN x BK sS wW [tma]": a (BM + EM) x (BN + EN) tile
+# made of up to four power-of-two blocks; gpu_jobs/sk_tail.py "BMxBNxBK sS wW [+1 wave | no SK | SK last]".
+_WIDE_NAME = re.compile(r"(\d+)\+(\d+)x(\d+)\+(\d+)x\d+ s\d+ w\d+( tma)?")
+_TAIL_NAME = re.compile(r"(\d+)x(\d+)x\d+ s\d+ w\d+ ?(.*)")
+_TAIL_MODES = {
+    "": "stream-K kernel: leftover tiles stream-K",
+    "+1 wave": "stream-K kernel: leftover + one wave",
+    "no SK": "stream-K kernel: whole tiles only",
+    "SK last": "stream-K kernel: leftover, launched last",
+}
+
+
+def _wide_variant(name: str) -> tuple[str, str]:
+    """(tile, how): TMA and pointer loads count as one way (the faster is kept)."""
+    bm, em, bn, en, _ = _WIDE_NAME.fullmatch(name).groups()
+    rows = f"{bm}+{em}" if int(em) else bm
+    cols = f"{bn}+{en}" if int(en) else bn
+    return f"{int(bm) + int(em)}x{int(bn) + int(en)}", f"tile kernel, blocks {rows} x {cols}"
+
+
+def _tail_variant(name: str) -> tuple[str, str]:
+    bm, bn, mode = _TAIL_NAME.fullmatch(name).groups()
+    return f"{bm}x{bn}", _TAIL_MODES[mode]
+
+
+def filling_experiments(m: int = 1536, n: int = 1536, k: int = 1536) -> Table | None:
+    """What two ways of filling every SM measured at one bf16 shape on the H200, against cuBLAS in the same
+    run (CUDA-graph replays; reference tables ch04_wide_tiles and ch04_sk_tail): the fastest config of each
+    tile and approach, fastest first, after the shipped matmul. `programs` is the tiles (for stream-K: the
+    whole tiles plus one program per SM), `an SM holds` the programs its shared memory and registers allow
+    at once (measured for the tile experiment only)."""
+    wide, tail = load_reference("ch04_wide_tiles"), load_reference("ch04_sk_tail")
+    if wide is None or tail is None:
+        return None
+    best: dict[tuple[str, str], dict] = {}
+    for table, describe in ((wide, _wide_variant), (tail, _tail_variant)):
+        for r in table.where(m=m, n=n, k=k):
+            if r["impl"] in ("cublas", "shipped"):
+                continue
+            tile, how = describe(r["impl"])
+            stream_k = r.get("sk_tiles") or 0
+            programs = r["tiles"] - stream_k + (r["sms"] if stream_k else 0)
+            row = {"tile": tile, "how": how, "programs": programs, "stream-K tiles": stream_k,
+                   "an SM holds": r.get("resident_per_sm"),
+                   "vs cuBLAS": round(r["of_cublas"], 3)}  # fmt: skip
+            if (tile, how) not in best or row["vs cuBLAS"] > best[tile, how]["vs cuBLAS"]:
+                best[tile, how] = row
+    shipped = wide.where(m=m, n=n, k=k, impl="shipped").rows[0]
+    first = {"tile": "(chapter 03's pick)", "how": "the shipped matmul, same run", "programs": None,
+             "stream-K tiles": None, "an SM holds": None,
+             "vs cuBLAS": round(shipped["of_cublas"], 3)}  # fmt: skip
+    return Table([first, *sorted(best.values(), key=lambda r: -r["vs cuBLAS"])])
 
 
 # --- convolution -------------------------------------------------------------------------------------------

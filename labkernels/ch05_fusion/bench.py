@@ -14,7 +14,7 @@ from labkernels.bench import benchmark
 from labkernels.ch03_triton.add_relu import add_relu
 from labkernels.ch05_fusion import epilogue, horizontal, launch, pointwise, prologue, rmsnorm
 from labkernels.lane import DEVICE
-from labkernels.results import Table
+from labkernels.results import Table, load_reference
 from labkernels.roofline import measure_copy_bandwidth
 from labkernels.traffic import Traffic
 
@@ -60,6 +60,23 @@ def fusion_rows(kind: str, params: dict, impls: list, copy_gbps: float) -> list[
             r["speedup_vs_eager"] = ms["eager"] / r["ms"]
             r["ratio_vs_compile"] = ms["compile"] / r["ms"]
     return rows
+
+
+def launch_config_sweep() -> tuple[Table, float] | None:
+    """The three pointwise kernels at 2^26 fp32 under other launch configs (BLOCK_SIZE / num_warps), on the
+    H200 (gpu_jobs/pointwise_blocks.py; reference ch05_pointwise_blocks): each config's median time as a
+    ratio to torch.compile's in the same alternating rounds (> 1: faster), one column per op; and the
+    largest spread between a variant's fastest and slowest round, as a fraction of its median."""
+    ref = load_reference("ch05_pointwise_blocks")
+    if ref is None:
+        return None
+    ops = ref.unique("op")
+    configs = [impl for impl in ref.unique("impl") if "/" in impl]  # "1024/4": BLOCK_SIZE / num_warps
+    table = Table(
+        {"block/warps": c} | {op: round(ref.where(op=op, impl=c).rows[0]["vs_compile"], 3) for op in ops}
+        for c in configs
+    )
+    return table, max(ref.column("spread"))
 
 
 def _elementwise_params(n, dtype):
