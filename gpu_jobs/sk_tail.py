@@ -22,6 +22,7 @@ Checked against fp64 (poisoned output), twice for bitwise equality, and after th
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -50,19 +51,20 @@ def _first_program(step, TOTAL, PROGRAMS):
 
 @triton.jit
 def _sk_tail_kernel(
-    a_ptr, b_ptr, c_ptr, ws_ptr, tickets_ptr, M, N, K, SK_TILES, SK_PROGRAMS,
+    a_ptr, b_ptr, c_ptr, ws_ptr, tickets_ptr, M, N, K, SK_TILES, SK_PROGRAMS, SK_FIRST_TILE,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, BIG: tl.constexpr, ALIGN: tl.constexpr,
     SLOTS: tl.constexpr = 3,  # partial tiles a program may leave: its range spans at most 3 tiles
     SK_LAST: tl.constexpr = False,  # the stream-K programs are the grid's last, not its first
+    SK_ONLY: tl.constexpr = False,  # the grid is the stream-K programs alone (another kernel runs the rest)
 ):  # fmt: skip
     pid = tl.program_id(axis=0)
     if SK_LAST:  # renumber: stream-K programs 0 .. SK_PROGRAMS - 1 whatever their place in the grid
         pid = (pid + SK_PROGRAMS) % tl.num_programs(axis=0)
     steps = tl.cdiv(K, BLOCK_SIZE_K)
-    if pid >= SK_PROGRAMS:  # data-parallel: tile SK_TILES + (pid - SK_PROGRAMS), all of K
+    if not SK_ONLY and pid >= SK_PROGRAMS:  # data-parallel: tile SK_TILES + (pid - SK_PROGRAMS), all of K
         pid_m, pid_n = _tile_coordinates(
             SK_TILES + pid - SK_PROGRAMS, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M
         )
@@ -82,7 +84,9 @@ def _sk_tail_kernel(
             tile_begin = tile * steps
             lo = tl.maximum(start, tile_begin)
             hi = tl.minimum(end, tile_begin + steps)
-            pid_m, pid_n = _tile_coordinates(tile, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+            pid_m, pid_n = _tile_coordinates(
+                SK_FIRST_TILE + tile, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M
+            )
             acc = _dot_range(
                 a_ptr, b_ptr, pid_m, pid_n, lo - tile_begin, hi - tile_begin, M, N, K,
                 stride_am, stride_ak, stride_bk, stride_bn,
@@ -121,13 +125,14 @@ class Variant(NamedTuple):
     warps: int
     sk_waves: int = 0  # leftover tiles plus this many full waves go to stream-K (-1: none, all whole tiles)
     sk_last: bool = False
+    two_kernels: bool = False  # whole tiles by chapter 03's tiled kernel, stream-K beside it on a 2nd stream
 
     @property
     def name(self) -> str:
         extra = {0: "", -1: " no SK"}.get(self.sk_waves, f" +{self.sk_waves} wave")
-        return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.stages} w{self.warps}{extra}" + (
-            " SK last" if self.sk_last else ""
-        )
+        extra += " SK last" if self.sk_last else ""
+        extra += " 2 kernels" if self.two_kernels else ""
+        return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.stages} w{self.warps}{extra}"
 
     def split(self, m: int, n: int, sms: int) -> tuple[int, int, int]:
         """(tiles, SK tiles, SK programs): the tiles past the last full wave, plus sk_waves waves, go SK."""
@@ -141,6 +146,7 @@ class Runner:
 
     def __init__(self, v: Variant, sms: int, device):
         self.v, self.sms = v, sms
+        self.side = torch.cuda.Stream(device) if v.two_kernels and device.type == "cuda" else None
         self.ws = torch.empty(3 * sms * v.block_m * v.block_n, device=device, dtype=torch.float32)
         self.tickets = torch.zeros(4 * sms + 1, device=device, dtype=torch.int32)
 
@@ -150,8 +156,10 @@ class Runner:
         programs = min(programs, sk_tiles * triton.cdiv(K, self.v.block_k))  # no program with an empty range
         assert sk_tiles <= self.tickets.numel() and 2 * programs >= sk_tiles
         strides = (*a.stride(), *b.stride(), *c.stride())
+        if self.v.two_kernels:
+            return self._two_kernels(a, b, c, tiles, sk_tiles, programs, strides)
         _sk_tail_kernel[(tiles - sk_tiles + programs,)](
-            a, b, c, self.ws, self.tickets, M, N, K, sk_tiles, programs, *strides,
+            a, b, c, self.ws, self.tickets, M, N, K, sk_tiles, programs, 0, *strides,
             INPUT_PRECISION="ieee", BLOCK_SIZE_M=self.v.block_m, BLOCK_SIZE_N=self.v.block_n,
             BLOCK_SIZE_K=self.v.block_k, GROUP_SIZE_M=8, EVEN_K=K % self.v.block_k == 0, BIG=False,
             ALIGN=ch03.row_alignment(N, strides), SK_LAST=self.v.sk_last,
@@ -159,9 +167,43 @@ class Runner:
         )  # fmt: skip
         return c
 
+    def _meta(self, K: int, strides: tuple, N: int) -> dict:
+        v = self.v
+        return dict(BLOCK_SIZE_M=v.block_m, BLOCK_SIZE_N=v.block_n, BLOCK_SIZE_K=v.block_k, GROUP_SIZE_M=8,
+                    EVEN_K=K % v.block_k == 0, ALIGN=ch03.row_alignment(N, strides),
+                    num_stages=v.stages, num_warps=v.warps)  # fmt: skip
+
+    def _two_kernels(self, a, b, c, tiles, sk_tiles, programs, strides):
+        """Tiles 0 .. tiles - sk_tiles - 1 whole, by chapter 03's tiled kernel (a grid of that many programs
+        computes exactly those, in its grouped order); the last sk_tiles by the stream-K programs alone, on a
+        second stream, so both kernels' programs share the SMs."""
+        (M, K), N = a.shape, b.shape[1]
+        meta = self._meta(K, strides, N)
+        main = torch.cuda.current_stream() if self.side is not None else None
+        if sk_tiles:
+            if self.side is not None:
+                self.side.wait_stream(main)
+            with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
+                _sk_tail_kernel[(programs,)](
+                    a, b, c, self.ws, self.tickets, M, N, K, sk_tiles, programs, tiles - sk_tiles, *strides,
+                    INPUT_PRECISION="ieee", BIG=False, SK_ONLY=True, **meta,
+                )  # fmt: skip
+        ch03._matmul_tiles[(tiles - sk_tiles,)](
+            a, b, c, c, M, N, K, *strides, HAS_BIAS=False, ACTIVATION=None, INPUT_PRECISION="ieee",
+            INDEX_64=False, **meta,
+        )  # fmt: skip
+        if sk_tiles and self.side is not None:
+            main.wait_stream(self.side)
+        return c
+
 
 GPU_SHAPES = {
     (1536, 1536, 1536): [
+        Variant(64, 128, 64, 3, 4, two_kernels=True),  # chapter 03's pick for 264 tiles, SK for 24
+        Variant(64, 128, 64, 3, 4, sk_waves=-1, two_kernels=True),  # chapter 03's kernel alone, 288 tiles
+        Variant(128, 64, 64, 3, 4, two_kernels=True),
+        Variant(128, 128, 64, 3, 8, two_kernels=True),
+        Variant(128, 128, 64, 4, 8, two_kernels=True),
         Variant(64, 128, 64, 3, 4, sk_waves=-1),  # 288 whole tiles, as chapter 03's tiled kernel
         Variant(64, 128, 64, 3, 4, sk_last=True),
         Variant(128, 128, 64, 4, 8, sk_waves=-1),
@@ -175,6 +217,7 @@ GPU_SHAPES = {
         Variant(128, 128, 64, 3, 8, sk_waves=1),
     ],
     (3000, 5000, 1000): [
+        Variant(128, 256, 64, 3, 8, two_kernels=True),
         Variant(128, 256, 64, 3, 8),  # 480 tiles: 396 whole, 84 SK
         Variant(128, 128, 64, 4, 8),  # 960 tiles: 924 whole, 36 SK
         Variant(128, 128, 64, 3, 8),
@@ -184,11 +227,14 @@ GPU_SHAPES = {
         Variant(128, 128, 64, 3, 8),  # 64 tiles
     ],
     (4096, 4096, 4096): [
+        Variant(128, 256, 64, 3, 8, two_kernels=True),
         Variant(128, 256, 64, 3, 8),  # 512 tiles: 396 whole, 116 SK
         Variant(128, 128, 64, 4, 8),
     ],
 }
 CPU_VARIANTS = [
+    Variant(32, 32, 32, 1, 4, two_kernels=True),
+    Variant(32, 32, 16, 1, 4, sk_waves=1, two_kernels=True),
     Variant(32, 32, 32, 1, 4),
     Variant(32, 32, 16, 1, 4, sk_waves=1),
     Variant(32, 32, 32, 1, 4, sk_last=True),
