@@ -207,12 +207,11 @@ class Runner:
                     a, b, c, self.ws, self.tickets, M, N, K, sk_tiles, programs, tiles - sk_tiles, *strides,
                     INPUT_PRECISION="ieee", BIG=False, SK_ONLY=True, ATOMIC_FIXUP=self.v.atomic, **meta,
                 )  # fmt: skip
-        if self.v.sk_alone:
-            return c
-        ch03._matmul_tiles[(tiles - sk_tiles,)](
-            a, b, c, c, M, N, K, *strides, HAS_BIAS=False, ACTIVATION=None, INPUT_PRECISION="ieee",
-            INDEX_64=False, **meta,
-        )  # fmt: skip
+        if not self.v.sk_alone:
+            ch03._matmul_tiles[(tiles - sk_tiles,)](
+                a, b, c, c, M, N, K, *strides, HAS_BIAS=False, ACTIVATION=None, INPUT_PRECISION="ieee",
+                INDEX_64=False, **meta,
+            )  # fmt: skip
         if sk_tiles and self.side is not None:
             main.wait_stream(self.side)
         return c
