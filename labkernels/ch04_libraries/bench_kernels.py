@@ -142,15 +142,17 @@ def _print_matmul(rows: list[dict]) -> None:
 # --- filling the SMs where no power-of-two tile does -------------------------------------------------------
 
 # gpu_jobs/wide_tiles.py names a variant "BM+EM x BN+EN x BK sS wW [tma]": a (BM + EM) x (BN + EN) tile
-# made of up to four power-of-two blocks; gpu_jobs/sk_tail.py "BMxBNxBK sS wW [+1 wave | no SK | SK last]".
+# made of up to four power-of-two blocks; gpu_jobs/sk_tail.py "BMxBNxBK sS wW" and its switches below.
 _WIDE_NAME = re.compile(r"(\d+)\+(\d+)x(\d+)\+(\d+)x\d+ s\d+ w\d+( tma)?")
 _TAIL_NAME = re.compile(r"(\d+)x(\d+)x\d+ s\d+ w\d+ ?(.*)")
-_TAIL_MODES = {
-    "": "stream-K kernel: leftover tiles stream-K",
-    "+1 wave": "stream-K kernel: leftover + one wave",
-    "no SK": "stream-K kernel: whole tiles only",
-    "SK last": "stream-K kernel: leftover, launched last",
+_TAIL_SWITCHES = {  # in the order the names write them
+    "no SK": "whole tiles only",
+    "+1 wave": "+1 wave stream-K",
+    "SK last": "launched last",
+    "2 kernels": "2 kernels",
+    "atomic": "atomic fix-up",
 }
+_ALONE = "SK alone"  # the stream-K kernel without the whole tiles: a cost, not a matmul
 
 
 def _wide_variant(name: str) -> tuple[str, str]:
@@ -158,12 +160,15 @@ def _wide_variant(name: str) -> tuple[str, str]:
     bm, em, bn, en, _ = _WIDE_NAME.fullmatch(name).groups()
     rows = f"{bm}+{em}" if int(em) else bm
     cols = f"{bn}+{en}" if int(en) else bn
-    return f"{int(bm) + int(em)}x{int(bn) + int(en)}", f"tile kernel, blocks {rows} x {cols}"
+    return f"{int(bm) + int(em)}x{int(bn) + int(en)}", f"tile of blocks {rows} x {cols}"
 
 
 def _tail_variant(name: str) -> tuple[str, str]:
-    bm, bn, mode = _TAIL_NAME.fullmatch(name).groups()
-    return f"{bm}x{bn}", _TAIL_MODES[mode]
+    bm, bn, switches = _TAIL_NAME.fullmatch(name).groups()
+    if "no SK" in switches and "2 kernels" in switches:  # no stream-K tiles: chapter 03's kernel runs alone
+        return f"{bm}x{bn}", "chapter 03's tiled kernel, alone"
+    said = [words for switch, words in _TAIL_SWITCHES.items() if switch in switches]
+    return f"{bm}x{bn}", "stream-K tail" + "".join(f", {words}" for words in said)
 
 
 def filling_experiments(m: int = 1536, n: int = 1536, k: int = 1536) -> Table | None:
@@ -171,28 +176,50 @@ def filling_experiments(m: int = 1536, n: int = 1536, k: int = 1536) -> Table | 
     run (CUDA-graph replays; reference tables ch04_wide_tiles and ch04_sk_tail): the fastest config of each
     tile and approach, fastest first, after the shipped matmul. `programs` is the tiles (for stream-K: the
     whole tiles plus one program per SM), `an SM holds` the programs its shared memory and registers allow
-    at once (measured for the tile experiment only)."""
+    at once (measured for the tile experiment only). "2 kernels": chapter 03's tiled kernel takes the
+    whole tiles, the stream-K kernel the rest, on a second stream; "atomic fix-up": the pieces of a tile
+    add into one fp32 sum with atomics (not bitwise repeatable) instead of the last one adding them all."""
     wide, tail = load_reference("ch04_wide_tiles"), load_reference("ch04_sk_tail")
     if wide is None or tail is None:
         return None
     best: dict[tuple[str, str], dict] = {}
     for table, describe in ((wide, _wide_variant), (tail, _tail_variant)):
         for r in table.where(m=m, n=n, k=k):
-            if r["impl"] in ("cublas", "shipped"):
+            if r["impl"] in ("cublas", "shipped") or _ALONE in r["impl"]:
                 continue
             tile, how = describe(r["impl"])
             stream_k = r.get("sk_tiles") or 0
             programs = r["tiles"] - stream_k + (r["sms"] if stream_k else 0)
             row = {"tile": tile, "how": how, "programs": programs, "stream-K tiles": stream_k,
-                   "an SM holds": r.get("resident_per_sm"),
+                   "an SM holds": r.get("resident_per_sm"), "us": round(r["ms"] * 1e3, 1),
                    "vs cuBLAS": round(r["of_cublas"], 3)}  # fmt: skip
             if (tile, how) not in best or row["vs cuBLAS"] > best[tile, how]["vs cuBLAS"]:
                 best[tile, how] = row
     shipped = wide.where(m=m, n=n, k=k, impl="shipped").rows[0]
     first = {"tile": "(chapter 03's pick)", "how": "the shipped matmul, same run", "programs": None,
-             "stream-K tiles": None, "an SM holds": None,
+             "stream-K tiles": None, "an SM holds": None, "us": round(shipped["ms"] * 1e3, 1),
              "vs cuBLAS": round(shipped["of_cublas"], 3)}  # fmt: skip
     return Table([first, *sorted(best.values(), key=lambda r: -r["vs cuBLAS"])])
+
+
+def leftover_cost(m: int = 1536, n: int = 1536, k: int = 1536) -> Table | None:
+    """What the stream-K kernel takes on the leftover tiles alone (sk_tail's "SK alone" rows: the whole
+    tiles skipped), beside the whole matmul by chapter 03's pick and by cuBLAS, on the H200 in one run."""
+    tail = load_reference("ch04_sk_tail")
+    if tail is None:
+        return None
+    rows = tail.where(m=m, n=n, k=k)
+    whole = {r["impl"]: r for r in rows if r["impl"] in ("cublas", "shipped")}
+    table = [{"what": "the whole matmul, cuBLAS", "tiles": None, "us": round(whole["cublas"]["ms"] * 1e3, 1)},
+             {"what": "the whole matmul, chapter 03's pick", "tiles": None,
+              "us": round(whole["shipped"]["ms"] * 1e3, 1)}]  # fmt: skip
+    for r in rows:
+        if _ALONE in r["impl"]:
+            fix_up = "atomic fix-up" if "atomic" in r["impl"] else "last piece adds all"
+            table.append({"what": f"stream-K kernel alone, leftover tiles only ({fix_up})",
+                          "tiles": f"{r['sk_tiles']} of {r['tiles']}",
+                          "us": round(r["ms"] * 1e3, 1)})  # fmt: skip
+    return Table(table)
 
 
 # --- convolution -------------------------------------------------------------------------------------------
