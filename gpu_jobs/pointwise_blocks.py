@@ -11,17 +11,16 @@ median per config, as a ratio to compile's median.
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
 
-import csv
 import os
-import statistics
 import sys
 
 import torch
 
 import labkernels
+import recording
 import triton
 
-from labkernels import env, timing
+from labkernels import timing
 from labkernels.ch03_triton.add_relu import add_relu
 from labkernels.ch05_fusion import horizontal, pointwise
 
@@ -47,8 +46,7 @@ def main() -> int:
         return 1
     out_dir = os.path.join(os.environ.get("OUT", "/tmp"), "pointwise")
     os.makedirs(out_dir, exist_ok=True)
-    info = env.report()
-    meta = {key: info[key] for key in ("device", "torch", "triton", "cuda", "date", "git")}
+    meta = recording.versioned()
     t = {k: torch.randn(N, device="cuda") for k in ("x", "y", "a", "b")}
     t |= {"out": torch.empty(N, device="cuda"), "out2": torch.empty(N, device="cuda")}
     references = {
@@ -75,24 +73,16 @@ def main() -> int:
             calls[f"{block}/{warps}{'' if ok else ' WRONG'}"] = run
         for call in calls.values():
             call()  # compiles and warms up outside the timed rounds
-        times = {name: [] for name in calls}
-        for _ in range(ROUNDS):
-            for name, call in calls.items():
-                times[name].append(timing.time_ms(call))
-        base = statistics.median(times["compile"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            spread = (max(ts) - min(ts)) / med
+        timed = recording.alternating_medians(calls, ROUNDS, timing.time_ms)
+        base = timed["compile"][0]
+        for name, (med, spread) in timed.items():
             rows.append(meta | {"op": op, "elements": N, "dtype": "float32", "impl": name, "ms": med,
                                 "vs_compile": base / med, "spread": spread})  # fmt: skip
             print(
                 f"{op:16s} {name:14s} {med * 1e3:8.1f} us  {base / med:.4f} x compile  spread {spread:.3f}",
                 flush=True,
             )
-    with open(f"{out_dir}/blocks.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    recording.write_csv(f"{out_dir}/blocks.csv", rows)
     return int(failures > 0)
 
 

@@ -21,17 +21,13 @@ Checked against fp64 (poisoned output), twice for bitwise equality, and after th
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
 
-import argparse
 import contextlib
-import csv
-import os
-import statistics
-import sys
 from typing import NamedTuple
 
 import torch
 
-import labkernels
+import labkernels  # noqa: F401  (before triton: it sets the lane)
+import recording
 import triton
 import triton.language as tl
 
@@ -296,16 +292,12 @@ def cpu_smoke() -> int:
     return int(failures > 0)
 
 
-def gpu_main(out_dir: str, rounds: int, only_m: list[int] | None) -> int:
-    from labkernels import env
-
-    os.makedirs(out_dir, exist_ok=True)
-    info = env.report()
-    meta = {key: info[key] for key in ("device", "torch", "triton", "cuda", "date", "git")}
+def gpu_main(out_dir: str, args) -> int:
+    meta = recording.versioned()
     sms = sm_count()
     rows, failures = [], 0
     for (m, n, k), variants in GPU_SHAPES.items():
-        if only_m and m not in only_m:
+        if args.m and m not in args.m:
             continue
         torch.manual_seed(0)
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -325,13 +317,9 @@ def gpu_main(out_dir: str, rounds: int, only_m: list[int] | None) -> int:
                 continue
             runners[v.name] = runner
             calls[v.name] = lambda r=runner, a=a, b=b, c=c: r(a, b, c)
-        times = {name: [] for name in calls}
-        for _ in range(rounds):  # alternating rounds: a drift in the GPU's clock hits every variant alike
-            for name, call in calls.items():
-                times[name].append(graph_ms(call, rep=30))
-        cublas = statistics.median(times["cublas"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
+        timed = recording.alternating_medians(calls, args.rounds, lambda call: graph_ms(call, rep=30))
+        cublas = timed["cublas"][0]
+        for name, (med, spread) in timed.items():
             err, same = checks.get(name, (0.0, True))
             v = next((v for v in variants if v.name == name), None)
             timing_only = v is not None and v.sk_alone  # C is not all written: nothing to check
@@ -340,29 +328,19 @@ def gpu_main(out_dir: str, rounds: int, only_m: list[int] | None) -> int:
             failures += not ok
             tiles, sk_tiles, _ = v.split(m, n, sms) if v else ("", "", "")
             rows.append(meta | {"m": m, "n": n, "k": k, "impl": name, "tiles": tiles, "sk_tiles": sk_tiles,
-                                "sms": sms, "ms": med, "spread": (max(ts) - min(ts)) / med,
+                                "sms": sms, "ms": med, "spread": spread,
                                 "of_cublas": cublas / med, "rel_err": err, "bitwise_repeatable": same,
                                 "rel_err_after_replays": after})  # fmt: skip
             print(f"{m}x{n}x{k} {name:26s} tiles {tiles!s:>4} sk {sk_tiles!s:>4} {med * 1e3:7.1f} us "
-                  f"{cublas / med:.3f} of cuBLAS spread {rows[-1]['spread']:.2f} err {err:.1e}/{after:.1e} "
+                  f"{cublas / med:.3f} of cuBLAS spread {spread:.2f} err {err:.1e}/{after:.1e} "
                   f"{'' if ok else 'WRONG'}", flush=True)  # fmt: skip
-    with open(f"{out_dir}/sk_tail.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    recording.write_csv(f"{out_dir}/sk_tail.csv", rows)
     return int(failures > 0)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--rounds", type=int, default=5)
+def _options(parser) -> None:
     parser.add_argument("--m", type=int, action="append", help="only the shapes of this M (repeatable)")
-    args = parser.parse_args()
-    if args.cpu_smoke or not labkernels.on_gpu():
-        return cpu_smoke()
-    return gpu_main(os.path.join(os.environ.get("OUT", "/tmp"), "sk_tail"), args.rounds, args.m)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    recording.main(__doc__, cpu_smoke, gpu_main, "sk_tail", _options)

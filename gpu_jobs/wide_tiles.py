@@ -17,17 +17,13 @@ in alternating rounds beside cuBLAS and the shipped matmul (chapter 04's auto). 
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
 
-import argparse
-import csv
-import os
-import statistics
-import sys
 import time
 from typing import NamedTuple
 
 import torch
 
-import labkernels
+import labkernels  # noqa: F401  (before triton: it sets the lane)
+import recording
 import triton
 import triton.language as tl
 
@@ -252,12 +248,8 @@ def cpu_smoke() -> int:
     return int(failures > 0)
 
 
-def gpu_main(out_dir: str, rounds: int) -> int:
-    from labkernels import env
-
-    os.makedirs(out_dir, exist_ok=True)
-    info = env.report()
-    meta = {key: info[key] for key in ("device", "torch", "triton", "cuda", "date", "git")}
+def gpu_main(out_dir: str, args) -> int:
+    meta = recording.versioned()
     sms = sm_count()
     rows, failures = [], 0
     for (m, n, k), variants in GPU_VARIANTS.items():
@@ -284,13 +276,9 @@ def gpu_main(out_dir: str, rounds: int) -> int:
             print(f"{m}x{n}x{k} {v.name}: compiled and checked in {time.time() - t0:.1f} s, "
                   f"rel err {errors[v.name]:.1e}", flush=True)  # fmt: skip
             calls[v.name] = lambda v=v, a=a, b=b, c=c: v(a, b, c)
-        times = {name: [] for name in calls}
-        for _ in range(rounds):  # alternating rounds: a drift in the GPU's clock hits every variant alike
-            for name, call in calls.items():
-                times[name].append(graph_ms(call, rep=30))
-        cublas = statistics.median(times["cublas"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
+        timed = recording.alternating_medians(calls, args.rounds, lambda call: graph_ms(call, rep=30))
+        cublas = timed["cublas"][0]
+        for name, (med, spread) in timed.items():
             err = errors.get(name, 0.0)
             ok = err < 2e-2
             failures += not ok
@@ -298,29 +286,16 @@ def gpu_main(out_dir: str, rounds: int) -> int:
             tiles = variant.tiles(m, n) if variant else ""
             rows.append(meta | {"m": m, "n": n, "k": k, "impl": name, "tiles": tiles, "sms": sms,
                          "resident_per_sm": resident.get(name, ""), "ms": med,
-                         "spread": (max(ts) - min(ts)) / med, "of_cublas": cublas / med,
+                         "spread": spread, "of_cublas": cublas / med,
                          "tflops": 2 * m * n * k / med / 1e9, "rel_err": err})  # fmt: skip
             print(
                 f"{m}x{n}x{k} {name:30s} tiles {tiles!s:>4} {med * 1e3:7.1f} us  {cublas / med:.3f} of "
                 f"cuBLAS  spread {rows[-1]['spread']:.2f}  err {err:.1e} {'' if ok else 'WRONG'}",
                 flush=True,
             )
-    with open(f"{out_dir}/wide.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    recording.write_csv(f"{out_dir}/wide.csv", rows)
     return int(failures > 0)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    if args.cpu_smoke or not labkernels.on_gpu():
-        return cpu_smoke()
-    return gpu_main(os.path.join(os.environ.get("OUT", "/tmp"), "wide"), args.rounds)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    recording.main(__doc__, cpu_smoke, gpu_main, "wide")
