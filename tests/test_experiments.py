@@ -87,4 +87,4 @@ def test_matmul_fill_experiments_cpu_smoke_passes(script):
         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "WRONG" not in done.stdout and done.stdout.count(" ok") >= 9
+    assert "WRONG" not in done.stdout and done.stdout.count(" ok") >= 8
