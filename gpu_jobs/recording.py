@@ -31,6 +31,11 @@ def alternating_medians(calls: dict, rounds: int, timer) -> dict[str, tuple[floa
     }
 
 
+def rel_err(c, ref) -> float:
+    """Relative error of a result against its fp64 reference: ||c - ref|| / ||ref||."""
+    return float((c.double() - ref).norm() / ref.norm())
+
+
 def write_csv(path: str, rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -262,15 +262,11 @@ CPU_VARIANTS = [  # every switch at least once; 16-wide K-steps make ranges that
 ]
 
 
-def rel_err(c: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((c.double() - ref).norm() / ref.norm())
-
-
 def checked(run, a, b) -> tuple[float, bool]:
     """(relative error against fp64 on a poisoned C, bitwise equal on a second call)."""
     c = torch.full((a.shape[0], b.shape[1]), float("nan"), device=a.device, dtype=a.dtype)
     first = run(a, b, c).clone()
-    return rel_err(first, splitk.reference(a, b)), torch.equal(first, run(a, b, c))
+    return recording.rel_err(first, splitk.reference(a, b)), torch.equal(first, run(a, b, c))
 
 
 def cpu_smoke() -> int:
@@ -301,7 +297,7 @@ def gpu_main(out_dir: str, args) -> int:
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         ref = splitk.reference(a, b)
         calls = {"cublas": lambda a=a, b=b: a @ b, "shipped": lambda a=a, b=b: splitk.matmul(a, b)}
-        checks = {"shipped": (rel_err(splitk.matmul(a, b), ref), True)}
+        checks = {"shipped": (recording.rel_err(splitk.matmul(a, b), ref), True)}
         runners = {}
         for v in variants:
             runner = Runner(v, sms, a.device)
@@ -319,7 +315,7 @@ def gpu_main(out_dir: str, args) -> int:
             err, same = checks.get(name, (0.0, True))
             v = next((v for v in variants if v.name == name), None)
             timing_only = v is not None and v.sk_alone  # C is not all written: nothing to check
-            after = rel_err(calls[name](), ref) if name in runners and not timing_only else err
+            after = recording.rel_err(calls[name](), ref) if name in runners and not timing_only else err
             ok = timing_only or (err < 2e-2 and (same or v is None or v.atomic) and after < 2e-2)
             failures += not ok
             tiles, sk_tiles, _ = v.split(m, n, sms) if v else ("", "", "")

@@ -223,13 +223,9 @@ CPU_VARIANTS = [
 ]
 
 
-def rel_err(c: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((c.double() - ref).norm() / ref.norm())
-
-
 def checked(variant: Variant, a, b) -> float:
     c = torch.full((a.shape[0], b.shape[1]), float("nan"), device=a.device, dtype=a.dtype)  # poisoned
-    return rel_err(variant(a, b, c), splitk.reference(a, b))
+    return recording.rel_err(variant(a, b, c), splitk.reference(a, b))
 
 
 def cpu_smoke() -> int:
@@ -259,7 +255,7 @@ def gpu_main(out_dir: str, args) -> int:
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         calls = {"cublas": lambda a=a, b=b: a @ b, "shipped": lambda a=a, b=b: splitk.matmul(a, b)}
         calls["shipped"]()  # tunes and chooses
-        errors = {"shipped": rel_err(splitk.matmul(a, b), splitk.reference(a, b))}
+        errors = {"shipped": recording.rel_err(splitk.matmul(a, b), splitk.reference(a, b))}
         resident = {}
         for v in variants:
             if v.smem_bytes(2) > splitk.SHARED_MEMORY_BYTES:
