@@ -139,6 +139,8 @@ class Variant(NamedTuple):
     two_kernels: bool = False  # whole tiles by chapter 03's tiled kernel, stream-K beside it on a 2nd stream
     atomic: bool = False  # ATOMIC_FIXUP: fp32 atomics into one sum a tile (not bitwise repeatable)
     sk_alone: bool = False  # two kernels, the stream-K one alone (timing only: C is not all written)
+    per_sm: int = 1  # stream-K programs per SM
+    maxnreg: int | None = None  # cap on registers a thread (ptxas spills past it): 168 lets 3 programs fit
 
     @property
     def name(self) -> str:
@@ -147,13 +149,15 @@ class Variant(NamedTuple):
         extra += " 2 kernels" if self.two_kernels else ""
         extra += " atomic" if self.atomic else ""
         extra += " SK alone" if self.sk_alone else ""
+        extra += f" {self.per_sm}/SM" if self.per_sm > 1 else ""
+        extra += f" maxnreg {self.maxnreg}" if self.maxnreg else ""
         return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.stages} w{self.warps}{extra}"
 
     def split(self, m: int, n: int, sms: int) -> tuple[int, int, int]:
         """(tiles, SK tiles, SK programs): the tiles past the last full wave, plus sk_waves waves, go SK."""
         tiles = triton.cdiv(m, self.block_m) * triton.cdiv(n, self.block_n)
         sk_tiles = 0 if self.sk_waves < 0 else min(tiles, tiles % sms + self.sk_waves * sms)
-        return tiles, sk_tiles, (sms if sk_tiles else 0)
+        return tiles, sk_tiles, (sms * self.per_sm if sk_tiles else 0)
 
 
 class Runner:
@@ -162,8 +166,9 @@ class Runner:
     def __init__(self, v: Variant, sms: int, device):
         self.v, self.sms = v, sms
         self.side = torch.cuda.Stream(device) if v.two_kernels and device.type == "cuda" else None
-        self.ws = torch.zeros(4 * sms * v.block_m * v.block_n, device=device, dtype=torch.float32)
-        self.tickets = torch.zeros(4 * sms + 1, device=device, dtype=torch.int32)
+        slots = 4 * sms * v.per_sm  # SLOTS (3) a program, and tickets for as many tiles
+        self.ws = torch.zeros(slots * v.block_m * v.block_n, device=device, dtype=torch.float32)
+        self.tickets = torch.zeros(slots + 1, device=device, dtype=torch.int32)
 
     def __call__(self, a, b, c):
         (M, K), N = a.shape, b.shape[1]
@@ -173,14 +178,17 @@ class Runner:
         strides = (*a.stride(), *b.stride(), *c.stride())
         if self.v.two_kernels:
             return self._two_kernels(a, b, c, tiles, sk_tiles, programs, strides)
-        _sk_tail_kernel[(tiles - sk_tiles + programs,)](
+        self.compiled = _sk_tail_kernel[(tiles - sk_tiles + programs,)](
             a, b, c, self.ws, self.tickets, M, N, K, sk_tiles, programs, 0, *strides,
             INPUT_PRECISION="ieee", BLOCK_SIZE_M=self.v.block_m, BLOCK_SIZE_N=self.v.block_n,
             BLOCK_SIZE_K=self.v.block_k, GROUP_SIZE_M=8, EVEN_K=K % self.v.block_k == 0, BIG=False,
             ALIGN=ch03.row_alignment(N, strides), SK_LAST=self.v.sk_last, ATOMIC_FIXUP=self.v.atomic,
-            num_stages=self.v.stages, num_warps=self.v.warps,
+            num_stages=self.v.stages, num_warps=self.v.warps, **self._cap(),
         )  # fmt: skip
         return c
+
+    def _cap(self) -> dict:
+        return {} if self.v.maxnreg is None else {"maxnreg": self.v.maxnreg}
 
     def _meta(self, K: int, strides: tuple, N: int) -> dict:
         v = self.v
@@ -254,11 +262,28 @@ GPU_SHAPES = {
         Variant(128, 128, 64, 4, 8),
     ],
 }
+# Three programs an SM: chapter 03's kernel (128 registers) fits three, this one (225 under triton 3.6) two
+# unless its registers are capped; then classic stream-K over 3 x SMs programs, or whole tiles plus a tail.
+OCCUPANCY_SHAPES = {
+    (1536, 1536, 1536): [
+        Variant(64, 128, 64, 3, 4, sk_waves=-1, maxnreg=168),  # 288 whole tiles, 3 an SM
+        Variant(64, 128, 64, 3, 4, maxnreg=168),  # 264 whole, 24 SK over 132 programs
+        Variant(64, 128, 64, 3, 4, atomic=True, maxnreg=168),
+        Variant(64, 128, 64, 3, 4, sk_waves=2, per_sm=3, maxnreg=168),  # all 288 SK over 396 programs
+        Variant(64, 128, 64, 3, 4, sk_waves=2, per_sm=3, atomic=True, maxnreg=168),
+        Variant(64, 128, 64, 3, 4, sk_waves=2, per_sm=3),  # uncapped: 2 an SM
+        Variant(64, 128, 64, 3, 4, sk_waves=2, per_sm=2),  # 264 programs, 2 an SM
+        Variant(64, 128, 64, 3, 4, sk_waves=1, per_sm=3, maxnreg=168),  # 132 whole + 156 SK on 396
+        Variant(64, 128, 64, 4, 4, sk_waves=2, per_sm=2),  # 4 stages (96 KiB): 2 an SM
+        Variant(128, 128, 64, 3, 8, sk_waves=1, per_sm=2, maxnreg=128),  # 144 tiles SK over 264
+    ],
+}
 CPU_VARIANTS = [  # every switch at least once; 16-wide K-steps make ranges that span three tiles
     Variant(32, 32, 16, 1, 4, sk_waves=1, two_kernels=True, atomic=True),
     Variant(32, 32, 16, 1, 4, sk_waves=1),
     Variant(32, 32, 32, 1, 4, sk_last=True),
     Variant(32, 32, 32, 1, 4, sk_waves=-1),
+    Variant(32, 32, 16, 1, 4, sk_waves=2, per_sm=3),
 ]
 
 
@@ -288,7 +313,7 @@ def gpu_main(out_dir: str, args) -> int:
     meta = recording.versioned()
     sms = sm_count()
     rows, failures = [], 0
-    for (m, n, k), variants in GPU_SHAPES.items():
+    for (m, n, k), variants in (OCCUPANCY_SHAPES if args.occupancy else GPU_SHAPES).items():
         if args.m and m not in args.m:
             continue
         torch.manual_seed(0)
@@ -308,6 +333,9 @@ def gpu_main(out_dir: str, args) -> int:
                 failures += 1
                 continue
             runners[v.name] = runner
+            compiled = getattr(runner, "compiled", None)
+            if compiled is not None:
+                print(f"{v.name}: {compiled.n_regs} registers, {compiled.n_spills} spills", flush=True)
             calls[v.name] = lambda r=runner, a=a, b=b, c=c: r(a, b, c)
         timed = recording.alternating_medians(calls, args.rounds, lambda call: graph_ms(call, rep=30))
         cublas = timed["cublas"][0]
@@ -332,6 +360,7 @@ def gpu_main(out_dir: str, args) -> int:
 
 def _options(parser) -> None:
     parser.add_argument("--m", type=int, action="append", help="only the shapes of this M (repeatable)")
+    parser.add_argument("--occupancy", action="store_true", help="the register-capped, 3-an-SM variants")
 
 
 if __name__ == "__main__":
