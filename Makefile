@@ -38,10 +38,14 @@ lab: lab-settings
 	  --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
+# Test processes at once (pytest-xdist). CI has 2 cores; each notebook stays in one process (--dist loadfile),
+# its cells in order.
+TEST_WORKERS ?= 2
+
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
-	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider tests
-	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks solutions
+	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
+	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions
 	$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600
 	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600
 	$(VPY) -m labkernels exercises --check

@@ -45,6 +45,7 @@ def _assert_matmul(c, a, b, tol):
         ("split_k", {"split_k": 2, "deterministic": False}),
         ("split_k", {}),
         ("stream_k", {}),
+        ("wave_tail", {}),
         ("k_major", {}),
         ("auto", {}),
     ],
@@ -166,9 +167,9 @@ def test_auto_rule():
     assert cand(128, 128, 65536, 132, bf16) == ["split_k"]
     assert cand(8192, 8192, 8192, 132, bf16) == ["ch03"]
     assert cand(4096, 4096, 512, 132, bf16) == ["ch03"]
-    assert "stream_k" in cand(1536, 1536, 1536, 132, bf16)  # 144 tiles: a second wave 9% full
-    assert cand(1024, 1024, 1024, 132, bf16) == ["ch03", "split_k"]  # 64 tiles: both timed
-    assert cand(3000, 5000, 1000, 132, bf16) == ["stream_k", "ch03"]  # 960 tiles: 7 waves and 36 tiles
+    assert cand(1536, 1536, 1536, 132, bf16) == ["stream_k", "ch03", "wave_tail"]  # 144: a 2nd wave 9% full
+    assert cand(1024, 1024, 1024, 132, bf16) == ["ch03", "split_k"]  # 64 tiles: both timed, no full wave
+    assert cand(3000, 5000, 1000, 132, bf16) == ["stream_k", "ch03", "wave_tail"]  # 7 waves and 36 tiles
     assert "split_k" not in cand(1024, 1024, 256, 132, bf16)  # K too shallow to split
     assert cand(4096, 4096, 4096, 132, torch.float32, allow_tf32=True) == ["k_major"]
     assert cand(4096, 4096, 4096, 132, torch.float32) == ["ch03"]
@@ -212,6 +213,80 @@ def test_matmul_poisoned_buffers(monkeypatch, kernel, options):
     monkeypatch.setattr(splitk, "_stream_k_scratch", {})  # fresh, poisoned partial-tile slots
     a, b = _operands(37, 21, 301)
     _assert_matmul(matmul(a, b, kernel=kernel, **options), a, b, MATMUL_TOL[torch.float32])
+
+
+def test_wave_tail_leftover_is_the_rectangle_of_the_last_tiles():
+    """The full waves' tiles, and the rectangle of C that the others cover in chapter 03's grouped order:
+    at 1536^3, 64 x 128 tiles on 132 SMs, 264 whole tiles and rows 1024.., columns 1152.. (24 tiles). On
+    any shape, a rectangle holds exactly the leftover tiles, each one inside it."""
+    from labkernels.ch04_libraries import wave_tail
+
+    assert wave_tail.leftover(1536, 1536, 64, 128, 132) == (264, (1024, 1536, 1152, 1536))
+    assert wave_tail.leftover(1024, 1024, 64, 128, 132) == (128, None)  # fewer tiles than SMs: no full wave
+    assert wave_tail.leftover(1056, 128, 64, 128, 17) == (17, None)  # 17 tiles, one full wave, no rest
+    assert wave_tail.tail_block_n(128) == 32 and wave_tail.tail_block_n(32) == 16
+    rectangles = 0
+    for m, n, bm, bn, sms, group in [(150, 70, 32, 32, 4, 4), (3000, 5000, 128, 256, 132, 8),
+                                     (97, 61, 16, 16, 7, 8), (1000, 1536, 64, 128, 132, 8),
+                                     (4096, 4096, 128, 256, 132, 8), (333, 444, 32, 64, 5, 2)]:  # fmt: skip
+        whole, rect = wave_tail.leftover(m, n, bm, bn, sms, group)
+        tiles = -(-m // bm) * -(-n // bn)
+        assert whole == (tiles if rect is None else tiles // sms * sms)
+        if rect is None:
+            continue
+        rectangles += 1
+        r0, r1, c0, c1 = rect
+        assert (-(-(r1 - r0) // bm)) * (-(-(c1 - c0) // bn)) == tiles - whole
+        for t in range(whole, tiles):
+            row, col = wave_tail.tile_coordinates(t, m, n, bm, bn, group)
+            assert r0 <= row * bm < r1 and c0 <= col * bn < c1
+    assert rectangles >= 2
+
+
+def test_wave_tail_two_launches_write_all_of_c(monkeypatch):
+    """150 x 70 on the interpreter's 4 "SMs": whichever CPU tile the tuner keeps, the tiles past the full
+    waves form a rectangle, computed by the second launch. Outputs poisoned; the first call (tuning) and
+    the later ones (the kept launchers) both checked."""
+    from labkernels.ch04_libraries import wave_tail
+
+    monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
+    for m, n, k in ((150, 70, 33), (150, 70, 64)):
+        a, b = _operands(m, n, k)
+        for _ in range(2):
+            _assert_matmul(matmul(a, b, kernel="wave_tail"), a, b, MATMUL_TOL[torch.float32])
+        assert wave_tail.planned(a, b, "ieee", splitk.num_sms()), "no second launch: the test checks nothing"
+
+
+@pytest.mark.gpu
+@gpu
+def test_wave_tail_gpu_streams_graphs_and_repeats():
+    """1536^3 bf16 on the H200-class GPU: the second launch runs on a second stream. Right on a poisoned C,
+    bitwise the same on every call, from a non-default stream, and replayed in a CUDA graph."""
+    from labkernels.ch04_libraries import wave_tail
+
+    a, b = _operands(1536, 1536, 1536, torch.bfloat16)
+    first = matmul(a, b, kernel="wave_tail")
+    _assert_matmul(first, a, b, MATMUL_TOL[torch.bfloat16])
+    assert wave_tail.planned(a, b, "ieee", splitk.num_sms()) is not None
+    assert torch.equal(first, matmul(a, b, kernel="wave_tail"))
+    other = torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(other):
+        on_other = matmul(a, b, kernel="wave_tail")
+    torch.cuda.current_stream().wait_stream(other)
+    assert torch.equal(first, on_other)
+    graph = torch.cuda.CUDAGraph()
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        matmul(a, b, kernel="wave_tail")
+    torch.cuda.current_stream().wait_stream(warm)
+    with torch.cuda.graph(graph):
+        captured = matmul(a, b, kernel="wave_tail")
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(first, captured)
 
 
 def test_conv_poisoned_output(monkeypatch):

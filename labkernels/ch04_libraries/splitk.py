@@ -18,6 +18,9 @@ rest idles. Two ways to cut the work finer, both along K:
   its partial tile first, and the tile it finishes comes last, when its neighbours have long published:
   waiting is rare. The order of the additions is fixed by the shape, so stream-K is deterministic too.
   It fixes wave quantization: 144 tiles on 132 SMs would otherwise run as two waves, the second 9% full.
+- **wave tail** ("wave_tail", `wave_tail.py`): chapter 03's tiled kernel for the full waves' tiles, and a
+  second launch of it, with tiles a quarter as wide, for the rest, on a second stream beside the first, so
+  that the leftover work lands on every SM instead of a few. No partial sums.
 
 `matmul(kernel="auto")` keeps the chapter 03 kernels (tiled, TMA persistent) where they fill the GPU, and
 considers split-K when the tiles are fewer than the SMs and K is deep, stream-K when the last wave of tiles
@@ -51,10 +54,11 @@ import triton.language as tl
 from labkernels.ch02_strides.triton_strided import copy_2d_tiled
 from labkernels.ch03_triton import matmul as ch03
 from labkernels.ch03_triton.matmul import _tile_coordinates, check_operands  # grouped order, as ch03 teaches
+from labkernels.ch04_libraries import wave_tail
 from labkernels.lane import DEVICE, LANE, on_gpu, sm_count
 from labkernels.timing import graph_autotune_bench
 
-KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "k_major")
+KERNELS = ("auto", "tiled", "tma_persistent", "split_k", "stream_k", "wave_tail", "k_major")
 CH03_KERNELS = ("tiled", "tma_persistent")
 SHARED_MEMORY_BYTES = ch03.SHARED_MEMORY_BYTES
 INT32_LIMIT = 2**31
@@ -142,7 +146,8 @@ def auto_candidates(
     - fewer tiles than SMs, K deep enough for `split_for` to return >= 2: split-K fills the SMs (alone, with
       no timing, when the tiles fill at most a quarter of the SMs);
     - the last wave of tiles at most half full, and few waves (< 8: a partial wave costs 1/waves or more):
-      stream-K evens the K-steps out over the SMs."""
+      stream-K evens the K-steps out over the SMs; and with at least one full wave, "wave_tail" (chapter
+      03's tiles for the full waves, narrower ones for the rest, beside them: `wave_tail`)."""
     if dtype == torch.float32:
         return ["k_major"] if allow_tf32 else ["ch03"]
     tiles = math.ceil(m / REFERENCE_TILE) * math.ceil(n / REFERENCE_TILE)
@@ -154,6 +159,8 @@ def auto_candidates(
     last_wave = tiles % sms
     if tiles >= sms // 2 and tiles < 8 * sms and 0 < last_wave <= sms // 2 and k >= 512:
         candidates.insert(1 if candidates[0] == "split_k" else 0, "stream_k")
+        if tiles >= sms:
+            candidates.append("wave_tail")
     return candidates
 
 
@@ -626,6 +633,10 @@ def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
     precision = "tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee"
     if kernel == "ch03" or kernel in CH03_KERNELS:
         return ch03.matmul(a, b, input_precision=precision, kernel="auto" if kernel == "ch03" else kernel)
+    if kernel == "wave_tail":  # chapter 03's tiled kernel, in one or two launches
+        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+        wave_tail.run(a, b, c, precision, num_sms(a.device))
+        return c
     if precision == "tf32" or kernel == "k_major":
         b = _k_major(b)
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -675,7 +686,8 @@ def matmul(
     (M, N) in that dtype, accumulated in fp32.
 
     kernel: "tiled" and "tma_persistent" are chapter 03's; "split_k" (split = `split_k`, or `split_for`'s
-    choice), "stream_k" and "k_major" (B read K-major) are this chapter's; "auto" picks per shape
+    choice), "stream_k", "wave_tail" (the tiles past the full waves as narrower tiles in a second launch
+    beside the first) and "k_major" (B read K-major) are this chapter's; "auto" picks per shape
     (`auto_candidates`, then a one-time timing where several remain; `chosen_kernel` says which).
     deterministic: split-K adds its partials in a fixed order (bitwise reproducible) instead of with
     atomics. The other kernels are deterministic anyway. allow_tf32: fp32 inputs use TF32 tensor cores
@@ -689,7 +701,8 @@ def matmul(
 
 def chosen_kernel(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool = False) -> str:
     """The kernel `matmul(a, b, kernel="auto", allow_tf32=...)` runs for this shape ("tiled",
-    "tma_persistent", "split_k", "stream_k" or "k_major"). Runs that matmul once (choosing, if first)."""
+    "tma_persistent", "split_k", "stream_k", "wave_tail" or "k_major"). Runs that matmul once (choosing, if
+    first)."""
     _check(a, b, "auto", None, False, allow_tf32)
     matmul(a, b, allow_tf32=allow_tf32)
     (M, K), N = a.shape, b.shape[1]
@@ -702,8 +715,8 @@ def tuned_config(
 ) -> triton.Config | None:
     """The autotuner's config that `matmul(a, b, kernel=kernel)` launches (after one such call), else None."""
     (M, K), N = a.shape, b.shape[1]
-    if kernel in CH03_KERNELS:
-        return ch03.tuned_config(a, b, kernel=kernel)[1]
+    if kernel in CH03_KERNELS or kernel == "wave_tail":  # wave_tail: chapter 03's tiled config, both launches
+        return ch03.tuned_config(a, b, kernel="tiled" if kernel == "wave_tail" else kernel)[1]
     for key, tuned in _tuned.items():
         same_split = split_k is None or kernel != "split_k" or key[4] == split_k
         same_kernel = key[0] == kernel or (kernel == "k_major" and key[0] == "k_major_tma")
