@@ -20,7 +20,8 @@ rest idles. Two ways to cut the work finer, both along K:
   It fixes wave quantization: 144 tiles on 132 SMs would otherwise run as two waves, the second 9% full.
 - **wave tail** ("wave_tail", `wave_tail.py`): chapter 03's tiled kernel for the full waves' tiles, and a
   second launch of it, with tiles a quarter as wide, for the rest, on a second stream beside the first, so
-  that the leftover work lands on every SM instead of a few. No partial sums.
+  that the leftover work lands on every SM instead of a few. No partial sums. Only by `kernel=`: its
+  second launch and stream hand-offs cost host time that a plain call pays (below).
 
 `matmul(kernel="auto")` keeps the chapter 03 kernels (tiled, TMA persistent) where they fill the GPU, and
 considers split-K when the tiles are fewer than the SMs and K is deep, stream-K when the last wave of tiles
@@ -146,8 +147,8 @@ def auto_candidates(
     - fewer tiles than SMs, K deep enough for `split_for` to return >= 2: split-K fills the SMs (alone, with
       no timing, when the tiles fill at most a quarter of the SMs);
     - the last wave of tiles at most half full, and few waves (< 8: a partial wave costs 1/waves or more):
-      stream-K evens the K-steps out over the SMs; and with at least one full wave, "wave_tail" (chapter
-      03's tiles for the full waves, narrower ones for the rest, beside them: `wave_tail`)."""
+      stream-K evens the K-steps out over the SMs.
+    Not "wave_tail": it wins only in graph replays (`wave_tail` says why), and the timing here is one."""
     if dtype == torch.float32:
         return ["k_major"] if allow_tf32 else ["ch03"]
     tiles = math.ceil(m / REFERENCE_TILE) * math.ceil(n / REFERENCE_TILE)
@@ -159,8 +160,6 @@ def auto_candidates(
     last_wave = tiles % sms
     if tiles >= sms // 2 and tiles < 8 * sms and 0 < last_wave <= sms // 2 and k >= 512:
         candidates.insert(1 if candidates[0] == "split_k" else 0, "stream_k")
-        if tiles >= sms:
-            candidates.append("wave_tail")
     return candidates
 
 
