@@ -894,3 +894,43 @@ def test_filling_experiments_every_variant_checked_and_none_beats_the_pick():
     assert len(alone) == 2 and all(0.75 * whole < us for us in alone)
     big = {r["how"]: r["vs cuBLAS"] for r in filling_experiments(4096, 4096, 4096).rows}
     assert big["tile of blocks 128 x 128+64"] < big["tile of blocks 128 x 256"]
+
+
+def test_wave_tail_records_are_checked_and_hold_what_notebook_04_says():
+    """The H200 records behind notebook 04's "Where the 1536^3 time goes" and "A third way": every variant
+    matched fp64 (and again after its graph replays; bitwise on a second call unless its partials add by
+    atomics), and the notebook's claims hold: the tiles past two an SM cost far more than their share; capped
+    registers bring the stream-K kernel's whole tiles to chapter 03's speed, yet no stream-K split and no tile
+    of blocks that fills every SM three deep beats the pick; the narrow tail on a second stream does, in graph
+    replays only, and on one stream, or 32 rows high, it loses. `tail_block_n` is the measured best width."""
+    from labkernels.ch04_libraries import bench_kernels, wave_tail
+    from labkernels.results import load_reference
+
+    for name in ("ch04_wave_tail", "ch04_sk_occupancy"):
+        for r in load_reference(name):
+            assert r["rel_err"] < 2e-2 and r["rel_err_after_replays"] < 2e-2, (name, r["impl"])
+            assert r["bitwise_repeatable"] or "atomic" in r["impl"], (name, r["impl"])
+    assert all(r["rel_err"] < 2e-2 for r in load_reference("ch04_three_an_sm"))
+
+    us = {r["tiles launched"]: r["us"] for r in bench_kernels.tile_count_cost()}
+    assert (us[288] - us[264]) / us[288] > 1.5 * (288 - 264) / 288  # a twelfth of the work, a sixth of time
+
+    occupancy = bench_kernels.stream_k_occupancy().rows
+    pick = occupancy[0]["vs cuBLAS"]
+    whole_capped = next(r for r in occupancy[1:] if r["stream-K tiles"] == 0 and r["register cap"])
+    assert whole_capped["vs cuBLAS"] > 0.98 * pick
+    assert all(r["vs cuBLAS"] < pick for r in occupancy[1:] if r["stream-K tiles"])
+    three = bench_kernels.three_an_sm().rows
+    pick_row = next(r for r in three if r["made of"] == "64 x 128" and r["loads"] == "pointers")
+    assert all(r["vs cuBLAS"] < pick_row["vs cuBLAS"] for r in three if r["programs"] == 384)
+
+    tails = bench_kernels.wave_tail_tiles().rows
+    alone = next(r for r in tails if r["leftover tiles as"].startswith("(none"))
+    best = tails[0]
+    assert best["vs cuBLAS"] > alone["vs cuBLAS"] and best["vs cuBLAS"] >= 0.75
+    assert best["leftover tiles as"].startswith(f"64x{wave_tail.tail_block_n(128)}x")
+    assert all(r["vs cuBLAS"] < alone["vs cuBLAS"] for r in tails if r["launched"] == "same stream, after")
+    assert all(r["vs cuBLAS"] < alone["vs cuBLAS"] for r in tails if r["leftover tiles as"].startswith("32x"))
+    calls = {r["kernel"]: r for r in bench_kernels.wave_tail_calls()}
+    assert calls["wave_tail"]["graph vs cuBLAS"] > calls["tiled"]["graph vs cuBLAS"]
+    assert calls["wave_tail"]["plain vs cuBLAS"] < calls["tiled"]["plain vs cuBLAS"] / 2

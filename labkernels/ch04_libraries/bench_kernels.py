@@ -222,6 +222,117 @@ def leftover_cost(m: int = 1536, n: int = 1536, k: int = 1536) -> Table | None:
     return Table(table)
 
 
+def tile_count_cost(sms: int = 132) -> Table | None:
+    """Chapter 03's tiled kernel at 1536^3 (64 x 128 tiles) launched on only its first T tiles, on the H200
+    (reference ch04_tile_count, CUDA-graph replays beside cuBLAS): C is then only partly written; the time
+    says what the tiles past each count cost. `on the busiest SM`: T programs dealt out to the SMs in turn."""
+    table = load_reference("ch04_tile_count")
+    if table is None:
+        return None
+    rows = []
+    for r in table:
+        if not r["impl"].startswith("ch03 first "):
+            continue
+        tiles = int(r["impl"].split()[2])
+        rows.append({"tiles launched": tiles, "on the busiest SM": -(-tiles // sms),
+                     "us": round(r["ms"] * 1e3, 1), "vs cuBLAS": round(r["of_cublas"], 3)})  # fmt: skip
+    return Table(rows)
+
+
+def _occupancy_variant(r: dict) -> dict:
+    """gpu_jobs/sk_tail.py's --occupancy names: "64x128x64 s3 w4 [+N wave] [atomic] [P/SM] [maxnreg R]"."""
+    name = r["impl"]
+    per_sm = int(re.search(r"(\d+)/SM", name).group(1)) if "/SM" in name else 1
+    cap = re.search(r"maxnreg (\d+)", name)
+    stream_k = int(r["sk_tiles"] or 0)
+    return {
+        "tile": "x".join(name.split("x")[:2]),
+        "stages": int(re.search(r" s(\d+) ", name).group(1)),
+        "whole tiles": int(r["tiles"]) - stream_k,
+        "stream-K tiles": stream_k,
+        "stream-K programs": r["sms"] * per_sm if stream_k else 0,
+        "register cap": int(cap.group(1)) if cap else None,
+        "fix-up": ("atomic" if "atomic" in name else "last piece adds all") if stream_k else None,
+        "us": round(r["ms"] * 1e3, 1),
+        "vs cuBLAS": round(r["of_cublas"], 3),
+    }
+
+
+def stream_k_occupancy() -> Table | None:
+    """The stream-K tail again at 1536^3 on the H200, its registers capped so that an SM holds 3 of its
+    programs (`maxnreg`), and classic stream-K over 2 or 3 programs an SM (reference ch04_sk_occupancy,
+    graph replays beside cuBLAS and the shipped matmul, fastest first)."""
+    table = load_reference("ch04_sk_occupancy")
+    if table is None:
+        return None
+    shipped = table.where(impl="shipped").rows[0]
+    first = {"tile": "(chapter 03's pick)", "stages": None, "whole tiles": None, "stream-K tiles": None,
+             "stream-K programs": None, "register cap": None, "fix-up": "the shipped matmul, same run",
+             "us": round(shipped["ms"] * 1e3, 1), "vs cuBLAS": round(shipped["of_cublas"], 3)}  # fmt: skip
+    rows = [_occupancy_variant(r) for r in table if r["impl"] not in ("cublas", "shipped")]
+    return Table([first, *sorted(rows, key=lambda r: -r["vs cuBLAS"])])
+
+
+def three_an_sm() -> Table | None:
+    """1536^3 in 384 tiles, about three on every SM, each tile made of two power-of-two blocks (reference
+    ch04_three_an_sm; gpu_jobs/wide_tiles.py --three), beside chapter 03's pick, fastest first."""
+    table = load_reference("ch04_three_an_sm")
+    if table is None:
+        return None
+    rows = []
+    for r in table:
+        if r["impl"] in ("cublas", "shipped"):
+            continue
+        tile, how = _wide_variant(r["impl"].removesuffix(" tma"))
+        k_step, stages = re.search(r"x(\d+) s(\d+) ", r["impl"]).groups()
+        rows.append({"tile": tile, "made of": how.removeprefix("tile of blocks "), "K-step": int(k_step),
+                     "stages": int(stages), "programs": r["tiles"],
+                     "loads": "TMA" if r["impl"].endswith("tma") else "pointers",
+                     "an SM holds": r["resident_per_sm"], "us": round(r["ms"] * 1e3, 1),
+                     "vs cuBLAS": round(r["of_cublas"], 3)})  # fmt: skip
+    return Table(sorted(rows, key=lambda r: -r["vs cuBLAS"]))
+
+
+def wave_tail_tiles() -> Table | None:
+    """The full waves' 264 tiles of 64 x 128 and the 24 left over as narrower tiles in a second launch on a
+    second stream, at 1536^3 on the H200 (reference ch04_wave_tail, graph replays in alternating rounds),
+    fastest first, after chapter 03's kernel on all 288 tiles in the same run."""
+    table = load_reference("ch04_wave_tail")
+    if table is None:
+        return None
+    rows = []
+    for r in table:
+        if r["impl"] in ("cublas", "shipped"):
+            continue
+        if " + " in r["impl"]:
+            tail = r["impl"].split(" + ")[1]
+            how = "second stream, launched first" if "small first" in tail else "second stream"
+            how = "same stream, after" if "one stream" in tail else how
+            tile = " ".join(tail.split()[:2])  # "64x32x64 s3": the tile, its K-step and stages
+        else:
+            tile, how = "(none: one launch)", "chapter 03's kernel, all 288 tiles"
+        rows.append({"leftover tiles as": tile, "launched": how, "us": round(r["ms"] * 1e3, 2),
+                     "vs cuBLAS": round(r["of_cublas"], 3)})  # fmt: skip
+    return Table(sorted(rows, key=lambda r: -r["vs cuBLAS"]))
+
+
+def wave_tail_calls() -> Table | None:
+    """`matmul(kernel=...)` at 1536^3 bf16 on the H200 as a user calls it (plain calls, host included) and as
+    CUDA-graph replays (reference ch04_wave_tail_calls), against cuBLAS timed the same way."""
+    table = load_reference("ch04_wave_tail_calls")
+    if table is None:
+        return None
+    rows = []
+    for impl in table.unique("impl"):
+        plain, graph = (table.where(impl=impl, mode=mode).rows[0] for mode in ("plain", "graph"))
+        mine = impl != "cublas"
+        rows.append({"kernel": impl, "plain call, us": round(plain["ms"] * 1e3, 1),
+                     "graph replay, us": round(graph["ms"] * 1e3, 1),
+                     "plain vs cuBLAS": round(plain["ratio_vs_cublas"], 3) if mine else None,
+                     "graph vs cuBLAS": round(graph["ratio_vs_cublas"], 3) if mine else None})  # fmt: skip
+    return Table(rows)
+
+
 # --- convolution -------------------------------------------------------------------------------------------
 
 # (batch, C, size, K_out, R, stride, padding): ResNet-50's 3x3 stages, a 1x1 reduction, a stride-2 3x3.
