@@ -700,8 +700,7 @@ def matmul(
 
 def chosen_kernel(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool = False) -> str:
     """The kernel `matmul(a, b, kernel="auto", allow_tf32=...)` runs for this shape ("tiled",
-    "tma_persistent", "split_k", "stream_k", "wave_tail" or "k_major"). Runs that matmul once (choosing, if
-    first)."""
+    "tma_persistent", "split_k", "stream_k" or "k_major"). Runs that matmul once (choosing, if first)."""
     _check(a, b, "auto", None, False, allow_tf32)
     matmul(a, b, allow_tf32=allow_tf32)
     (M, K), N = a.shape, b.shape[1]
