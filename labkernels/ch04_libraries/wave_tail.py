@@ -17,11 +17,11 @@ The second stream waits for the caller's stream before it starts, and the caller
 before anything after the call: the call is ordered as one kernel would be, and in a CUDA-graph capture the
 two launches become two branches of the graph.
 
-What it gains and costs, measured on the H200 at 1536^3 bf16 (reference/ch04_wave_tail_calls.csv): 15.1 us against
-15.7 us for the tiled kernel alone in CUDA-graph replays (0.76 of cuBLAS against 0.73), and 107 us against
-19 us as a plain call, where the host's work (two launches, the streams' hand-offs, the call's checks) is
-longer than the kernels. So `matmul(kernel="auto")` does not pick it: it pays inside a CUDA graph, or
-wherever the host runs far enough ahead of the GPU.
+What it gains and costs, measured on the H200 at 1536^3 bf16 (reference/ch04_wave_tail_calls.csv): 15.1 us
+against 15.7 us for the tiled kernel alone in CUDA-graph replays (0.76 of cuBLAS against 0.73), and 107 us
+against 19 us as a plain call, where the host's work (two launches, the streams' hand-offs, the call's
+checks) is longer than the kernels. So `matmul(kernel="auto")` does not pick it: it pays inside a CUDA
+graph, or wherever the host runs far enough ahead of the GPU.
 """
 
 from __future__ import annotations
