@@ -287,13 +287,6 @@ CPU_VARIANTS = [  # every switch at least once; 16-wide K-steps make ranges that
 ]
 
 
-def checked(run, a, b) -> tuple[float, bool]:
-    """(relative error against fp64 on a poisoned C, bitwise equal on a second call)."""
-    c = torch.full((a.shape[0], b.shape[1]), float("nan"), device=a.device, dtype=a.dtype)
-    first = run(a, b, c).clone()
-    return recording.rel_err(first, splitk.reference(a, b)), torch.equal(first, run(a, b, c))
-
-
 def cpu_smoke() -> int:
     torch.manual_seed(0)
     failures = 0
@@ -301,7 +294,7 @@ def cpu_smoke() -> int:
         a, b = torch.randn(m, k), torch.randn(k, n)
         for v in CPU_VARIANTS:
             runner = Runner(v, sm_count(), a.device)
-            err, same = checked(runner, a, b)
+            err, same = recording.checked_matmul(runner, a, b, splitk.reference)
             ok = err < 1e-5 and (same or v.atomic) and int(runner.tickets.abs().sum()) == 0
             failures += not ok
             print(f"{m}x{n}x{k} {v.name:24s} split {v.split(m, n, sm_count())} err {err:.1e} "
@@ -327,7 +320,11 @@ def gpu_main(out_dir: str, args) -> int:
         for v in variants:
             runner = Runner(v, sms, a.device)
             try:
-                checks[v.name] = (float("nan"), False) if v.sk_alone else checked(runner, a, b)
+                checks[v.name] = (
+                    (float("nan"), False)
+                    if v.sk_alone
+                    else recording.checked_matmul(runner, a, b, splitk.reference)
+                )
             except Exception as e:  # out of resources, a compile error: the other variants still run
                 print(f"{m}x{n}x{k} {v.name}: FAILED {e!r:.300}", flush=True)
                 failures += 1

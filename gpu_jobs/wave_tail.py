@@ -129,12 +129,6 @@ SMALL = [
 ]  # fmt: skip
 
 
-def checked(run, a, b) -> tuple[float, bool]:
-    c = torch.full((a.shape[0], b.shape[1]), float("nan"), device=a.device, dtype=a.dtype)
-    first = run(a, b, c).clone()
-    return recording.rel_err(first, splitk.reference(a, b)), torch.equal(first, run(a, b, c))
-
-
 def cpu_smoke() -> int:
     torch.manual_seed(0)
     failures = 0
@@ -142,7 +136,7 @@ def cpu_smoke() -> int:
         a, b = torch.randn(m, k), torch.randn(k, n)
         for big, small in ((Tile(32, 32, 32, 1, 4), Tile(16, 16, 32, 1, 4)), (Tile(32, 32, 16, 1, 4),) * 2):
             run = Runner(big, small, sms, a.device)
-            err, same = checked(run, a, b)
+            err, same = recording.checked_matmul(run, a, b, splitk.reference)
             ok = err < 1e-5 and same
             failures += not ok
             print(f"{m}x{n}x{k} {run.name:40s} {leftover_rectangle(m, n, big, 8, sms)} err {err:.1e} "
@@ -166,10 +160,11 @@ def gpu_main(out_dir: str, args) -> int:
     calls = {"cublas": lambda: a @ b, "shipped": lambda: splitk.matmul(a, b),
              "ch03 kernel, all 288": lambda: launch_tiles(a, b, c, PICK)}  # fmt: skip
     checks, failures = {"shipped": (recording.rel_err(splitk.matmul(a, b), ref), True)}, 0
-    checks["ch03 kernel, all 288"] = checked(lambda a, b, c: launch_tiles(a, b, c, PICK), a, b)
+    whole = lambda a, b, c: launch_tiles(a, b, c, PICK)  # noqa: E731
+    checks["ch03 kernel, all 288"] = recording.checked_matmul(whole, a, b, splitk.reference)
     for run in runners:
         try:
-            checks[run.name] = checked(run, a, b)
+            checks[run.name] = recording.checked_matmul(run, a, b, splitk.reference)
         except Exception as e:  # out of resources, a compile error: the other variants still run
             print(f"{run.name}: FAILED {e!r:.300}", flush=True)
             failures += 1

@@ -222,6 +222,13 @@ def leftover_cost(m: int = 1536, n: int = 1536, k: int = 1536) -> Table | None:
     return Table(table)
 
 
+def _variant_rows(name: str) -> list[dict] | None:
+    """The rows of reference table `name` other than its baselines (cuBLAS, the shipped matmul); None when
+    the table is not shipped."""
+    table = load_reference(name)
+    return None if table is None else [r for r in table if r["impl"] not in ("cublas", "shipped")]
+
+
 def tile_count_cost(sms: int = 132) -> Table | None:
     """Chapter 03's tiled kernel at 1536^3 (64 x 128 tiles) launched on only its first T tiles, on the H200
     (reference ch04_tile_count, CUDA-graph replays beside cuBLAS): C is then only partly written; the time
@@ -269,20 +276,18 @@ def stream_k_occupancy() -> Table | None:
     first = {"tile": "(chapter 03's pick)", "stages": None, "whole tiles": None, "stream-K tiles": None,
              "stream-K programs": None, "register cap": None, "fix-up": "the shipped matmul, same run",
              "us": round(shipped["ms"] * 1e3, 1), "vs cuBLAS": round(shipped["of_cublas"], 3)}  # fmt: skip
-    rows = [_occupancy_variant(r) for r in table if r["impl"] not in ("cublas", "shipped")]
+    rows = [_occupancy_variant(r) for r in _variant_rows("ch04_sk_occupancy")]
     return Table([first, *sorted(rows, key=lambda r: -r["vs cuBLAS"])])
 
 
 def three_an_sm() -> Table | None:
     """1536^3 in 384 tiles, about three on every SM, each tile made of two power-of-two blocks (reference
     ch04_three_an_sm; gpu_jobs/wide_tiles.py --three), beside chapter 03's pick, fastest first."""
-    table = load_reference("ch04_three_an_sm")
-    if table is None:
+    variants = _variant_rows("ch04_three_an_sm")
+    if variants is None:
         return None
     rows = []
-    for r in table:
-        if r["impl"] in ("cublas", "shipped"):
-            continue
+    for r in variants:
         tile, how = _wide_variant(r["impl"].removesuffix(" tma"))
         k_step, stages = re.search(r"x(\d+) s(\d+) ", r["impl"]).groups()
         rows.append({"tile": tile, "made of": how.removeprefix("tile of blocks "), "K-step": int(k_step),
@@ -297,13 +302,11 @@ def wave_tail_tiles() -> Table | None:
     """The full waves' 264 tiles of 64 x 128 and the 24 left over as narrower tiles in a second launch on a
     second stream, at 1536^3 on the H200 (reference ch04_wave_tail, graph replays in alternating rounds),
     fastest first, after chapter 03's kernel on all 288 tiles in the same run."""
-    table = load_reference("ch04_wave_tail")
-    if table is None:
+    variants = _variant_rows("ch04_wave_tail")
+    if variants is None:
         return None
     rows = []
-    for r in table:
-        if r["impl"] in ("cublas", "shipped"):
-            continue
+    for r in variants:
         if " + " in r["impl"]:
             tail = r["impl"].split(" + ")[1]
             how = "second stream, launched first" if "small first" in tail else "second stream"
