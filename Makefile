@@ -46,8 +46,17 @@ TEST_WORKERS ?= 2
 test: venv
 	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
 	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions
-	$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600
-	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600
+	@# The solutions (full marks expected) and the exercises (zero) are graded at the same time, each into
+	@# its own log, shown when both are done; either one failing fails the target.
+	@echo "grading solutions (--expect full) and exercises (--expect zero) side by side"
+	@$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600 \
+	  > .grade-solutions.log 2>&1 & solutions=$$!; \
+	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600 \
+	  > .grade-exercises.log 2>&1; exercises=$$?; \
+	wait $$solutions; solutions=$$?; \
+	cat .grade-solutions.log .grade-exercises.log; \
+	echo "grade solutions: exit $$solutions; grade exercises: exit $$exercises"; \
+	[ $$solutions = 0 ] && [ $$exercises = 0 ]
 	$(VPY) -m labkernels exercises --check
 
 # GPU lane, in the *current* Python environment (an instructor's GPU runner or a GPU image): no venv, no torch.
@@ -87,7 +96,7 @@ lint: venv
 	$(VENV)/bin/ruff check labkernels tests notebooks solutions
 
 clean:
-	rm -rf .torch_extensions .grade-*.json grade-report.json results
+	rm -rf .torch_extensions .grade-*.json .grade-*.log grade-report.json results
 
 # --- JupyterLab settings and the real-browser test ------------------------------------------------------
 # The course's JupyterLab defaults (no news popup; Markdown opens rendered), read by a lab started from the venv.
