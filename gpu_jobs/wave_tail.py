@@ -27,7 +27,7 @@ import recording
 import triton
 
 from labkernels.ch03_triton import matmul as ch03
-from labkernels.ch04_libraries import splitk
+from labkernels.ch04_libraries import splitk, wave_tail
 from labkernels.lane import sm_count
 from labkernels.timing import graph_ms
 
@@ -44,30 +44,9 @@ class Tile(NamedTuple):
         return f"{self.m}x{self.n}x{self.k} s{self.stages} w{self.warps}"
 
 
-def tile_coordinates(tile_id: int, m: int, n: int, t: Tile, group: int) -> tuple[int, int]:
-    """The kernel's grouped order (`ch03._tile_coordinates`), on the host."""
-    pid_ms, pid_ns = triton.cdiv(m, t.m), triton.cdiv(n, t.n)
-    in_group = group * pid_ns
-    first = tile_id // in_group * group
-    size = min(pid_ms - first, group)
-    return first + tile_id % in_group % size, tile_id % in_group // size
-
-
 def leftover_rectangle(m: int, n: int, t: Tile, group: int, sms: int) -> tuple[int, tuple | None]:
-    """(whole tiles: the full waves, rows and columns of C the rest cover as (r0, r1, c0, c1)), or None
-    when they are not one rectangle (or there is no rest)."""
-    tiles = triton.cdiv(m, t.m) * triton.cdiv(n, t.n)
-    whole = tiles // sms * sms
-    if whole in (0, tiles):
-        return tiles, None
-    coords = [tile_coordinates(i, m, n, t, group) for i in range(whole, tiles)]
-    rows, cols = {p for p, _ in coords}, {q for _, q in coords}
-    if len(coords) != len(rows) * len(cols) or max(rows) - min(rows) + 1 != len(rows):
-        return tiles, None
-    if max(cols) - min(cols) + 1 != len(cols):
-        return tiles, None
-    r0, c0 = min(rows) * t.m, min(cols) * t.n
-    return whole, (r0, min(m, (max(rows) + 1) * t.m), c0, min(n, (max(cols) + 1) * t.n))
+    """(whole tiles, the rectangle of C the rest covers or None): the package's rule for this tile."""
+    return wave_tail.leftover(m, n, t.m, t.n, sms, group)
 
 
 def launch_tiles(a, b, c, t: Tile, programs: int | None = None, group: int = 8):

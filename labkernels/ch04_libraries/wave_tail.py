@@ -26,6 +26,7 @@ graph, or wherever the host runs far enough ahead of the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import NamedTuple
@@ -134,15 +135,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
 
 
 def _on(side):
-    return torch.cuda.stream(side) if side is not None else _Nothing()
-
-
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+    return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
 
 
 def _forked(device: torch.device, launches: Callable) -> None:
