@@ -4,7 +4,7 @@
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT/ch04_matmul"
-timeout 100 python -c "
+timeout "${BENCH_TIMEOUT_S:-100}" python -c "
 from labkernels.ch04_libraries import bench_kernels as b
 from labkernels.results import record
 rows = []
