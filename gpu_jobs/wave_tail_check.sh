@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The wave-tail kernel on the H200: its tests (both launches, streams, graphs), then chapter 04's matmul
-# benchmark (ch04_matmul.csv to $OUT/ch04_matmul/). ~4 min.
+# The wave-tail kernel on the H200: chapter 03's matmul tests (its kernel's body is the tile both use) and
+# chapter 04's matmul tests, the one-launch experiment (one_launch_tail.csv to $OUT/one_launch_tail/), then
+# chapter 04's matmul benchmark (ch04_matmul.csv to $OUT/ch04_matmul/). Under 9 min.
 set -u
 export MPLBACKEND=Agg
-timeout 150 python -m pytest -q -p no:cacheprovider tests/test_ch04_kernels.py -k "wave_tail or auto_rule or matmul_fp32 or poisoned" 2>&1 | tail -5
+timeout 190 python -m pytest -q -p no:cacheprovider tests/test_ch04_kernels.py tests/test_ch03_triton.py \
+    -k "wave_tail or auto or matmul or poisoned" 2>&1 | tail -8
+timeout 100 python gpu_jobs/one_launch_tail.py
+echo "experiment rc=$?"
 BENCH_TIMEOUT_S=240 bash gpu_jobs/ch04_matmul_bench.sh  # more candidates to time than it was sized for
 echo "bench rc=$?"

@@ -157,7 +157,8 @@ def test_matmul_bad_inputs():
 
 def test_auto_rule():
     """The choice function: split-K where tiles are few and K deep, stream-K where the last wave is thin,
-    chapter 03's kernels where tiles fill the SMs; TF32 goes K-major."""
+    the wave tail where a partial wave follows full ones, chapter 03's kernels where tiles fill the SMs;
+    TF32 goes K-major."""
     cand = splitk.auto_candidates
     bf16 = torch.bfloat16
     # Tiles filling at most a quarter of the SMs: split-K alone, with no timing (a timed choice that counted
@@ -166,11 +167,14 @@ def test_auto_rule():
     assert cand(4096, 16, 4096, 132, bf16) == ["split_k"]
     assert cand(128, 128, 65536, 132, bf16) == ["split_k"]
     assert cand(8192, 8192, 8192, 132, bf16) == ["ch03"]
-    assert cand(4096, 4096, 512, 132, bf16) == ["ch03"]
-    assert cand(1536, 1536, 1536, 132, bf16) == ["stream_k", "ch03"]  # 144 tiles: a second wave 9% full
+    assert cand(4096, 512, 4096, 132, bf16) == ["ch03"]  # 128 tiles: no full wave, nothing to spread
+    assert cand(4096, 4096, 512, 132, bf16) == ["ch03", "wave_tail"]  # 1024 tiles: 7 waves and 100 tiles
+    # 144 tiles: a second wave 9% full
+    assert cand(1536, 1536, 1536, 132, bf16) == ["stream_k", "ch03", "wave_tail"]
     assert cand(1024, 1024, 1024, 132, bf16) == ["ch03", "split_k"]  # 64 tiles: both timed
-    assert cand(3000, 5000, 1000, 132, bf16) == ["stream_k", "ch03"]  # 960 tiles: 7 waves and 36 tiles
-    assert not any("wave_tail" in cand(m, m, m, 132, bf16) for m in (1536, 2048, 3000))  # by kernel= only
+    # 960 tiles: 7 waves and 36 tiles
+    assert cand(3000, 5000, 1000, 132, bf16) == ["stream_k", "ch03", "wave_tail"]
+    assert cand(2048, 2048, 2048, 132, bf16) == ["ch03", "wave_tail"]  # 256 tiles, the second wave 94% full
     assert "split_k" not in cand(1024, 1024, 256, 132, bf16)  # K too shallow to split
     assert cand(4096, 4096, 4096, 132, torch.float32, allow_tf32=True) == ["k_major"]
     assert cand(4096, 4096, 4096, 132, torch.float32) == ["ch03"]
@@ -245,10 +249,10 @@ def test_wave_tail_leftover_is_the_rectangle_of_the_last_tiles():
 
 
 @pytest.mark.skipif(labkernels.on_gpu(), reason="4 SMs: the interpreter's; the GPU test below takes 1536^3")
-def test_wave_tail_two_launches_write_all_of_c(monkeypatch):
+def test_wave_tail_one_launch_writes_all_of_c(monkeypatch):
     """150 x 70 on the interpreter's 4 "SMs": whichever CPU tile the tuner keeps, the tiles past the full
-    waves form a rectangle, computed by the second launch. Outputs poisoned; the first call (tuning) and
-    the later ones (the kept launchers) both checked."""
+    waves form a rectangle, computed by the kernel's narrow tiles. Outputs poisoned; the first call (tuning)
+    and the later ones (the kept launcher) both checked."""
     from labkernels.ch04_libraries import wave_tail
 
     monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
@@ -256,14 +260,44 @@ def test_wave_tail_two_launches_write_all_of_c(monkeypatch):
         a, b = _operands(m, n, k)
         for _ in range(2):
             _assert_matmul(matmul(a, b, kernel="wave_tail"), a, b, MATMUL_TOL[torch.float32])
-        assert wave_tail.planned(a, b, "ieee", splitk.num_sms()), "no second launch: the test checks nothing"
+        assert wave_tail.planned(a, b, "ieee", splitk.num_sms()), "no narrow tiles: the test checks nothing"
+
+
+@pytest.mark.parametrize("narrow", [8, 16, 32])
+def test_wave_tail_launch_any_narrow_width_strides_and_ragged_k(narrow):
+    """`wave_tail.launch` on a poisoned C: 150 x 170 x 45 (nothing a multiple of a tile), A a transposed
+    view, on 7 "SMs": 28 whole 32 x 32 tiles, and a rectangle two tiles high, 10 columns wide (the edge of C),
+    in narrow tiles of several widths (the last one partly past N); then on 6, where there is no rest. Each
+    launched, and relaunched by the launcher it returns."""
+    import triton
+
+    from labkernels.ch04_libraries import wave_tail
+
+    torch.manual_seed(narrow)
+    a = torch.randn(45, 150).t()  # (150, 45), column-major
+    b = torch.randn(45, 170)
+    config = triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8})
+    c = torch.full((150, 170), float("nan"))
+    rect, launcher = wave_tail.launch(a, b, c, wave_tail._meta(a, b, c, config, "ieee"), 7, narrow)
+    assert rect == (96, 150, 160, 170), "not the rectangle this test is written for"
+    _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
+    c.fill_(float("nan"))
+    launcher(a, b, c)
+    _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
+    c.fill_(float("nan"))  # 6 "SMs": 30 tiles in 5 full waves, no rest: chapter 03's kernel alone
+    rect, launcher = wave_tail.launch(a, b, c, wave_tail._meta(a, b, c, config, "ieee"), 6, narrow)
+    assert rect is None
+    _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
+    c.fill_(float("nan"))
+    launcher(a, b, c)
+    _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
 
 
 @pytest.mark.gpu
 @gpu
 def test_wave_tail_gpu_streams_graphs_and_repeats():
-    """1536^3 bf16 on the H200-class GPU: the second launch runs on a second stream. Right on a poisoned C,
-    bitwise the same on every call, from a non-default stream, and replayed in a CUDA graph."""
+    """1536^3 bf16 on the H200-class GPU: the full waves and the narrow tiles in one launch. Right on a
+    poisoned C, bitwise the same on every call, from a non-default stream, and replayed in a CUDA graph."""
     from labkernels.ch04_libraries import wave_tail
 
     a, b = _operands(1536, 1536, 1536, torch.bfloat16)

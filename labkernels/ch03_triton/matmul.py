@@ -238,18 +238,54 @@ def _matmul_tiles(
     INDEX_64: tl.constexpr,  # an operand or C reaches past 2^31 - 1 elements: int64 offsets
     ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of this (`_alignment`)
 ):
+    pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    matmul_tile(
+        a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        stride_cn, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, HAS_BIAS, ACTIVATION, INPUT_PRECISION,
+        BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, INDEX_64, ALIGN,
+    )  # fmt: skip
+
+
+@triton.jit
+def matmul_tile(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    first_row,  # the tile's first row and column of C (< M and < N: int32 is enough for them)
+    first_col,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr,
+):
+    """One BLOCK_SIZE_M x BLOCK_SIZE_N tile of C = A B (+ epilogue), from (first_row, first_col): the body of
+    `_matmul_tiles`, and of chapter 04's kernel that runs tiles of two widths in one launch."""
     if ALIGN > 1:  # x // ALIGN * ALIGN is x, and the compiler now knows it: loads become 16-byte copies
         N = N // ALIGN * ALIGN
         stride_am = stride_am // ALIGN * ALIGN
         stride_bk = stride_bk // ALIGN * ALIGN
         stride_cm = stride_cm // ALIGN * ALIGN
-    pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     if INDEX_64:  # every offset below is then int64: row * stride cannot wrap
-        pid_m, pid_n, offs_k = pid_m.to(tl.int64), pid_n.to(tl.int64), offs_k.to(tl.int64)
+        first_row, first_col, offs_k = first_row.to(tl.int64), first_col.to(tl.int64), offs_k.to(tl.int64)
 
-    offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M  # wrapped: always valid rows
-    offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+    offs_am = (first_row + tl.arange(0, BLOCK_SIZE_M)) % M  # wrapped: always valid rows
+    offs_bn = (first_col + tl.arange(0, BLOCK_SIZE_N)) % N
     a_rows = a_ptr + offs_am[:, None] * stride_am  # (BM, 1)
     b_cols = b_ptr + offs_bn[None, :] * stride_bn  # (1, BN)
     a_ptrs = a_rows + offs_k[None, :] * stride_ak  # (BM, BK)
@@ -276,8 +312,8 @@ def _matmul_tiles(
         b = tl.load(b_cols + k_offs[:, None] * stride_bk, mask=k_offs[:, None] < K, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
-    offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_cm = first_row + tl.arange(0, BLOCK_SIZE_M)
+    offs_cn = first_col + tl.arange(0, BLOCK_SIZE_N)
     c = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, ACTIVATION).to(c_ptr.dtype.element_ty)
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))  # write MN

@@ -18,15 +18,15 @@ rest idles. Two ways to cut the work finer, both along K:
   its partial tile first, and the tile it finishes comes last, when its neighbours have long published:
   waiting is rare. The order of the additions is fixed by the shape, so stream-K is deterministic too.
   It fixes wave quantization: 144 tiles on 132 SMs would otherwise run as two waves, the second 9% full.
-- **wave tail** ("wave_tail", `wave_tail.py`): chapter 03's tiled kernel for the full waves' tiles, and a
-  second launch of it, with tiles a quarter as wide, for the rest, on a second stream beside the first, so
-  that the leftover work lands on every SM instead of a few. No partial sums. Only by `kernel=`: its
-  second launch and stream hand-offs cost host time that a plain call pays (below).
+- **wave tail** ("wave_tail", `wave_tail.py`): chapter 03's tiles for the full waves, and in the same
+  launch the tiles left over, a quarter as wide, so that the leftover work lands on every SM instead of a
+  few. No partial sums.
 
 `matmul(kernel="auto")` keeps the chapter 03 kernels (tiled, TMA persistent) where they fill the GPU, and
-considers split-K when the tiles are fewer than the SMs and K is deep, stream-K when the last wave of tiles
-is badly filled (`auto_candidates`, a rule on tile counts, SM count and K). When the rule leaves more than
-one candidate, the first call of a shape times each once and keeps the fastest (as chapter 03's "auto").
+considers split-K when the tiles are fewer than the SMs and K is deep, stream-K and the wave tail when the
+last wave of tiles is partly filled (`auto_candidates`, a rule on tile counts, SM count and K). When the
+rule leaves more than one candidate, the first call of a shape times each once and keeps the fastest (as
+chapter 03's "auto").
 
 TF32: a wgmma (Hopper tensor-core) instruction takes 32-bit operands from shared memory only "K-major",
 K contiguous in memory. A row-major B (K, N) is N-major, so Triton turns each tile around element by element
@@ -147,8 +147,10 @@ def auto_candidates(
     - fewer tiles than SMs, K deep enough for `split_for` to return >= 2: split-K fills the SMs (alone, with
       no timing, when the tiles fill at most a quarter of the SMs);
     - the last wave of tiles at most half full, and few waves (< 8: a partial wave costs 1/waves or more):
-      stream-K evens the K-steps out over the SMs.
-    Not "wave_tail": it wins only in graph replays (`wave_tail` says why), and the timing here is one."""
+      stream-K evens the K-steps out over the SMs;
+    - at least one full wave and a partial one, few waves: "wave_tail" runs the partial wave's tiles
+      narrower, in the same launch (chapter 03's tile decides whether they form a rectangle; where they do
+      not, it is chapter 03's tiled kernel, and the timing keeps whichever is faster)."""
     if dtype == torch.float32:
         return ["k_major"] if allow_tf32 else ["ch03"]
     tiles = math.ceil(m / REFERENCE_TILE) * math.ceil(n / REFERENCE_TILE)
@@ -160,6 +162,8 @@ def auto_candidates(
     last_wave = tiles % sms
     if tiles >= sms // 2 and tiles < 8 * sms and 0 < last_wave <= sms // 2 and k >= 512:
         candidates.insert(1 if candidates[0] == "split_k" else 0, "stream_k")
+    if sms <= tiles < 8 * sms and last_wave:
+        candidates.insert(candidates.index("ch03") + 1, "wave_tail")
     return candidates
 
 
@@ -632,7 +636,7 @@ def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
     precision = "tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee"
     if kernel == "ch03" or kernel in CH03_KERNELS:
         return ch03.matmul(a, b, input_precision=precision, kernel="auto" if kernel == "ch03" else kernel)
-    if kernel == "wave_tail":  # chapter 03's tiled kernel, in one or two launches
+    if kernel == "wave_tail":  # chapter 03's tiles, and the leftover ones narrower, in one launch
         c = torch.empty((M, N), device=a.device, dtype=a.dtype)
         wave_tail.run(a, b, c, precision, num_sms(a.device))
         return c
@@ -685,8 +689,8 @@ def matmul(
     (M, N) in that dtype, accumulated in fp32.
 
     kernel: "tiled" and "tma_persistent" are chapter 03's; "split_k" (split = `split_k`, or `split_for`'s
-    choice), "stream_k", "wave_tail" (the tiles past the full waves as narrower tiles in a second launch
-    beside the first) and "k_major" (B read K-major) are this chapter's; "auto" picks per shape
+    choice), "stream_k", "wave_tail" (the tiles past the full waves as narrower tiles, in the same
+    launch) and "k_major" (B read K-major) are this chapter's; "auto" picks per shape
     (`auto_candidates`, then a one-time timing where several remain; `chosen_kernel` says which).
     deterministic: split-K adds its partials in a fixed order (bitwise reproducible) instead of with
     atomics. The other kernels are deterministic anyway. allow_tf32: fp32 inputs use TF32 tensor cores
@@ -700,7 +704,8 @@ def matmul(
 
 def chosen_kernel(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool = False) -> str:
     """The kernel `matmul(a, b, kernel="auto", allow_tf32=...)` runs for this shape ("tiled",
-    "tma_persistent", "split_k", "stream_k" or "k_major"). Runs that matmul once (choosing, if first)."""
+    "tma_persistent", "split_k", "stream_k", "wave_tail" or "k_major"). Runs that matmul once (choosing, if
+    first)."""
     _check(a, b, "auto", None, False, allow_tf32)
     matmul(a, b, allow_tf32=allow_tf32)
     (M, K), N = a.shape, b.shape[1]
@@ -713,7 +718,7 @@ def tuned_config(
 ) -> triton.Config | None:
     """The autotuner's config that `matmul(a, b, kernel=kernel)` launches (after one such call), else None."""
     (M, K), N = a.shape, b.shape[1]
-    if kernel in CH03_KERNELS or kernel == "wave_tail":  # wave_tail: chapter 03's tiled config, both launches
+    if kernel in CH03_KERNELS or kernel == "wave_tail":  # wave_tail: chapter 03's tiled config, its big tiles
         return ch03.tuned_config(a, b, kernel="tiled" if kernel == "wave_tail" else kernel)[1]
     for key, tuned in _tuned.items():
         same_split = split_k is None or kernel != "split_k" or key[4] == split_k

@@ -1,4 +1,4 @@
-"""Whole waves, then the tiles left over as narrower tiles beside them: chapter 03's tiled kernel, twice.
+"""Whole waves, then the tiles left over as narrower tiles beside them, in one launch of chapter 03's tile.
 
 A tiled matmul of T tiles on S SMs runs T // S full waves and T % S tiles more. When an SM holds several
 programs at once, the extra tiles do not wait for a wave: they start at once, as one more program on T % S
@@ -6,33 +6,26 @@ SMs, and those SMs finish last. At 1536^3 chapter 03's pick is 64 x 128 tiles, 2
 H200 its kernel took 13.9 us for the first 264 tiles (two an SM) and 16.5 us for all 288
 (`gpu_jobs/tile_count.py`), so a twelfth of the work cost a sixth of the time.
 
-`run` launches the full waves' tiles as before and, when the grouped tile order leaves the other tiles as one
-rectangle of C, computes that rectangle with a second launch of the same kernel on views of A, B and C, with
-tiles a quarter as wide, on a second stream. Its programs take the room the big tiles leave on every SM, so
-the leftover work spreads over all of them instead of 24. No partial sums: each element of C is still one
-program's dot product over all of K, so the result is the same on every call. Where the rest is not one
-rectangle (or there is no rest) it is chapter 03's tiled kernel, one launch.
+When the grouped tile order leaves the tiles past the full waves as one rectangle of C, `_waves_and_tail`
+runs the full waves' tiles as chapter 03 does and, in its last programs, the rectangle in tiles a quarter as
+wide. Those programs take the room the big tiles leave on every SM, so the leftover work spreads over all of
+them instead of T % S. No partial sums: each element of C is still one program's dot product over all of K,
+so the result is the same on every call. Where the rest is not one rectangle (or there is no rest) it is
+chapter 03's tiled kernel.
 
-The second stream waits for the caller's stream before it starts, and the caller's stream waits for it
-before anything after the call: the call is ordered as one kernel would be, and in a CUDA-graph capture the
-two launches become two branches of the graph.
-
-What it gains and costs, measured on the H200 at 1536^3 bf16 (reference/ch04_wave_tail_calls.csv): 15.1 us
-against 15.7 us for the tiled kernel alone in CUDA-graph replays (0.76 of cuBLAS against 0.73), and 107 us
-against 19 us as a plain call, where the host's work (two launches, the streams' hand-offs, the call's
-checks) is longer than the kernels. So `matmul(kernel="auto")` does not pick it: it pays inside a CUDA
-graph, or wherever the host runs far enough ahead of the GPU.
+The first form of this (`gpu_jobs/wave_tail.py`) ran the rectangle as a second launch on a second stream:
+as fast in CUDA-graph replays, but a plain call paid 107 us of host time for the launches and the streams'
+hand-offs (reference/ch04_wave_tail_calls.csv). One launch costs what chapter 03's kernel costs on the host.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 
 from labkernels import launch_cache
 from labkernels.ch03_triton import matmul as ch03
@@ -72,10 +65,40 @@ def tail_block_n(block_n: int) -> int:
     return max(16, block_n // 4)
 
 
+@triton.jit
+def _waves_and_tail(
+    a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    whole,  # programs below this run the full waves' tiles, in chapter 03's grouped order
+    tail_row, tail_col,  # the rectangle's first row and column of C
+    tail_cols,  # its width in narrow tiles
+    INPUT_PRECISION: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
+    ALIGN: tl.constexpr, TAIL_BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(axis=0)
+    if pid < whole:
+        pid_m, pid_n = ch03._tile_coordinates(pid, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+        row, col = pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N
+        # read BM x K + K x BN, write BM x BN
+        ch03.matmul_tile(
+            a_ptr, b_ptr, c_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+            stride_cn, row, col, False, None, INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+            EVEN_K, INDEX_64, ALIGN,
+        )  # fmt: skip
+    else:  # the rectangle, row of tiles by row of tiles: its A rows and B columns sit in L2 (a few MB)
+        t = pid - whole
+        row, col = tail_row + t // tail_cols * BLOCK_SIZE_M, tail_col + t % tail_cols * TAIL_BLOCK_N
+        # read BM x K + K x TAIL_BLOCK_N, write BM x TAIL_BLOCK_N
+        ch03.matmul_tile(
+            a_ptr, b_ptr, c_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+            stride_cn, row, col, False, None, INPUT_PRECISION, BLOCK_SIZE_M, TAIL_BLOCK_N, BLOCK_SIZE_K,
+            EVEN_K, INDEX_64, ALIGN,
+        )  # fmt: skip
+
+
 class _Plan(NamedTuple):
-    rectangle: tuple | None  # (r0, r1, c0, c1) of C computed by the tail launch
-    main: Callable[..., None]  # launcher(a, b, c, c): the full waves (every tile when there is no tail)
-    tail: Callable[..., None] | None  # launcher(a_rows, b_cols, c_part, c_part)
+    rectangle: tuple | None  # (r0, r1, c0, c1) of C computed by the narrow tiles
+    launch: Callable[..., None]  # launcher(a, b, c, ...): the whole call
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -83,97 +106,56 @@ _plans: dict[tuple, _Plan] = {}
 
 def _key(a: torch.Tensor, b: torch.Tensor, precision: str) -> tuple:
     """What the plan depends on: shapes, strides, dtype, device, 16-byte alignment (Triton specializes on
-    it; a view of an aligned tensor at a tile's offset is aligned too) and the precision."""
+    it) and the precision."""
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0,
             b.data_ptr() % 16 == 0, precision)  # fmt: skip
 
 
-def _tiles_launch(a, b, c, meta: dict, programs: int | None = None) -> Callable[..., None]:
-    """Chapter 03's tiled kernel on (a, b, c), its first `programs` tiles (all when None): launched once,
-    and its launcher returned."""
-    (M, K), N = a.shape, b.shape[1]
+def _meta(a, b, c, config: triton.Config, precision: str) -> dict:
+    """Chapter 03's constexprs for its tuned config on these operands (as chapter 03 passes them)."""
+    K, N = b.shape
     strides = (*a.stride(), *b.stride(), *c.stride())
-    tiles = triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
-    meta = meta | {"ALIGN": ch03.row_alignment(N, strides)}
-    args = (a, b, c, c, M, N, K, *strides)
-    return launch_cache.launch(ch03._matmul_tiles, (programs or tiles,), args, meta)  # read MK + KN, write MN
-
-
-def _first_call(a, b, c, precision: str, sms: int) -> _Plan:
-    """Tune chapter 03's tiled kernel for this shape, compute C with both launches, and keep the plan."""
-    config = ch03.tuned_config(a, b, input_precision=precision, kernel="tiled")[1]
-    (M, K), N = a.shape, b.shape[1]
-    meta = config.all_kwargs() | {
-        "HAS_BIAS": False, "ACTIVATION": None,
-        "INPUT_PRECISION": precision if a.dtype == torch.float32 else "tf32",  # as chapter 03 passes it
+    return config.all_kwargs() | {
+        "INPUT_PRECISION": precision if a.dtype == torch.float32 else "tf32",
         "INDEX_64": ch03.needs_int64(a, b), "EVEN_K": K % config.kwargs["BLOCK_SIZE_K"] == 0,
+        "ALIGN": ch03.row_alignment(N, strides),
     }  # fmt: skip
-    whole, rect = leftover(M, N, meta["BLOCK_SIZE_M"], meta["BLOCK_SIZE_N"], sms, meta["GROUP_SIZE_M"])
-    if rect is None:
-        return _Plan(None, _tiles_launch(a, b, c, meta), None)
-    narrow = meta | {"BLOCK_SIZE_N": tail_block_n(meta["BLOCK_SIZE_N"])}
-    holder = {}
-
-    def launches(side):
-        holder["main"] = _tiles_launch(a, b, c, meta, programs=whole)
-        with _on(side):
-            a_rows, b_cols, c_part = _parts(a, b, c, rect)
-            holder["tail"] = _tiles_launch(a_rows, b_cols, c_part, narrow)
-
-    _forked(a.device, launches)
-    return _Plan(rect, holder["main"], holder["tail"])
 
 
-def _parts(a, b, c, rect):
+def launch(a, b, c, meta: dict, sms: int, narrow: int | None = None) -> tuple[tuple | None, Callable]:
+    """C = A B with chapter 03's tile config `meta` on `sms` SMs, launched once: (the rectangle of narrow
+    tiles or None, the launcher for the next calls). narrow: the narrow tiles' width (`tail_block_n`'s
+    choice when None)."""
+    (M, K), N = a.shape, b.shape[1]
+    block_m, block_n = meta["BLOCK_SIZE_M"], meta["BLOCK_SIZE_N"]
+    strides = (*a.stride(), *b.stride(), *c.stride())
+    whole, rect = leftover(M, N, block_m, block_n, sms, meta["GROUP_SIZE_M"])
+    if rect is None:  # chapter 03's kernel as it is
+        tiled = meta | {"HAS_BIAS": False, "ACTIVATION": None}
+        alone = launch_cache.launch(ch03._matmul_tiles, (whole,), (a, b, c, c, M, N, K, *strides), tiled)
+        return None, lambda a, b, c: alone(a, b, c, c)  # c as the unused bias pointer too
+    narrow = narrow or tail_block_n(block_n)
     r0, r1, c0, c1 = rect
-    return a[r0:r1], b[:, c0:c1], c[r0:r1, c0:c1]
-
-
-@functools.cache
-def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    return torch.cuda.Stream(device) if device.type == "cuda" else None
-
-
-def _on(side):
-    return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
-
-
-def _forked(device: torch.device, launches: Callable) -> None:
-    """launches(side): the tail goes on `side`, which starts after everything already on the caller's stream;
-    the caller's stream then waits for it. On the CPU lane (no streams) side is None: one after the other."""
-    side = _side_stream(device)
-    if side is None:
-        launches(None)
-        return
-    caller = torch.cuda.current_stream(device)
-    side.wait_stream(caller)  # A and B written, C allocated, before the tail reads or writes them
-    launches(side)
-    caller.wait_stream(side)  # whatever follows on the caller's stream sees all of C
+    tail_cols = triton.cdiv(c1 - c0, narrow)
+    programs = whole + triton.cdiv(r1 - r0, block_m) * tail_cols
+    args = (a, b, c, M, N, K, *strides, whole, r0, c0, tail_cols)
+    return rect, launch_cache.launch(_waves_and_tail, (programs,), args, meta | {"TAIL_BLOCK_N": narrow})
 
 
 def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, precision: str, sms: int) -> None:
-    """C = A B (c allocated by the caller, (M, N) contiguous), in one or two launches of chapter 03's tiled
-    kernel. The first call of a shape tunes chapter 03's kernel (`ch03.tuned_config`) and keeps the plan."""
+    """C = A B (c allocated by the caller, (M, N) contiguous), one launch. The first call of a shape tunes
+    chapter 03's tiled kernel (`ch03.tuned_config`) and keeps the plan."""
     key = (*_key(a, b, precision), sms)
     plan = _plans.get(key)
-    if plan is None:
-        _plans[key] = _first_call(a, b, c, precision, sms)
+    if plan is not None:
+        plan.launch(a, b, c)  # read MK + KN, write MN
         return
-    if plan.tail is None:
-        plan.main(a, b, c, c)
-        return
-
-    def launches(side):
-        plan.main(a, b, c, c)  # read the full waves' MK + KN share, write their MN
-        with _on(side):
-            a_rows, b_cols, c_part = _parts(a, b, c, plan.rectangle)
-            plan.tail(a_rows, b_cols, c_part, c_part)  # the rest of C
-
-    _forked(a.device, launches)
+    config = ch03.tuned_config(a, b, input_precision=precision, kernel="tiled")[1]
+    _plans[key] = _Plan(*launch(a, b, c, _meta(a, b, c, config, precision), sms))
 
 
 def planned(a: torch.Tensor, b: torch.Tensor, precision: str, sms: int) -> tuple | None:
-    """The rectangle of C (r0, r1, c0, c1) that the tail launch computes for these operands, () when their
-    calls are one launch, None before their first call."""
+    """The rectangle of C (r0, r1, c0, c1) that the narrow tiles compute for these operands, () when their
+    calls are chapter 03's kernel alone, None before their first call."""
     plan = _plans.get((*_key(a, b, precision), sms))
     return None if plan is None else (plan.rectangle or ())
