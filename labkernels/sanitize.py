@@ -330,6 +330,29 @@ def _ch04_matmul():
     close(db, a.double().t() @ seed.double(), "split_k backward db", tol)
 
 
+WAVE_TAIL_OPS = ("ch04_libraries.wave_tail:launch", "ch04_libraries.wave_tail:run")
+
+
+@entry("ch04.wave_tail", WAVE_TAIL_OPS, shared_memory=True)
+def _ch04_wave_tail():
+    from labkernels.ch04_libraries import wave_tail
+
+    dtype = half()
+    a, b = rand(45, 150, dtype=dtype).t(), rand(45, 170, dtype=dtype)  # A column-major; nothing tile-sized
+    ref, tol = a.double() @ b.double(), MATMUL_TOL[dtype]
+    config = triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8})
+    c = poisoned(150, 170, dtype=dtype)
+    meta = wave_tail._meta(a, b, c, config, "ieee")
+    rect, launcher = wave_tail.launch(a, b, c, meta, 4, 16)  # 12 whole tiles on 4 "SMs", 3 rows of narrow
+    assert rect is not None, "no narrow tiles: the entry checks one branch only"
+    close(c, ref, "wave_tail launch", tol)
+    launcher(a, b, c.fill_(float("nan")))
+    close(c, ref, "wave_tail launcher", tol)
+    c = poisoned(150, 170, dtype=dtype)
+    wave_tail.run(a, b, c, "ieee", 4)  # chapter 03's tuned tile, planned for 4 "SMs"
+    close(c, ref, "wave_tail run", tol)
+
+
 @entry("ch04.conv2d_nhwc", ("ch04_libraries.conv:conv2d_nhwc",), shared_memory=True)
 def _ch04_conv():
     from labkernels.ch04_libraries.conv import conv2d_nhwc
@@ -526,7 +549,7 @@ NOT_OPS = {
     "check_block_size", "check_num_warps", "check_elementwise", "check_out_overlap", "check_operands",
     "split_for", "split_chunk", "auto_candidates", "num_sms", "chosen_kernel", "candidates", "output_size",
     "weight_from_torch", "grad_wanted", "row_alignment", "bwd_config", "snug_tiles", "filling_tiles",
-    "tile_count",
+    "tile_count", "leftover", "tail_block_n", "tile_coordinates", "planned",
 }  # fmt: skip
 
 

@@ -319,21 +319,33 @@ def wave_tail_tiles() -> Table | None:
     return Table(sorted(rows, key=lambda r: -r["vs cuBLAS"]))
 
 
-def wave_tail_calls() -> Table | None:
-    """`matmul(kernel=...)` at 1536^3 bf16 on the H200 as a user calls it (plain calls, host included) and as
-    CUDA-graph replays (reference ch04_wave_tail_calls), against cuBLAS timed the same way."""
-    table = load_reference("ch04_wave_tail_calls")
+ONE_LAUNCH_NAMES = {  # gpu_jobs/one_launch_tail.py's names for what it timed
+    "package wave_tail": "matmul(kernel='wave_tail'): one launch",
+    "package tiled": "matmul(kernel='tiled')",
+    "two streams, 64x32 narrow": "two launches, two streams (the first form)",
+    "ch03 kernel, all 288": "chapter 03's kernel, all 288 tiles (Triton's launch)",
+    **{f"one launch, 64x{w} narrow": f"one launch, 64x{w} tiles (bare launcher)" for w in (16, 32, 64)},
+}
+
+
+def one_launch_tail() -> Table | None:
+    """At 1536^3 bf16 on the H200 (reference ch04_one_launch_tail, one run, alternating rounds): the leftover
+    tiles narrower in the same launch (the package's call and the bare kernel at three widths), in a second
+    launch on a second stream, and chapter 03's kernel on all the tiles, as CUDA-graph replays and as plain
+    calls, with a plain call's host time; fastest graph replay first, cuBLAS last."""
+    table = load_reference("ch04_one_launch_tail")
     if table is None:
         return None
     rows = []
     for impl in table.unique("impl"):
-        plain, graph = (table.where(impl=impl, mode=mode).rows[0] for mode in ("plain", "graph"))
-        mine = impl != "cublas"
-        rows.append({"kernel": impl, "plain call, us": round(plain["ms"] * 1e3, 1),
-                     "graph replay, us": round(graph["ms"] * 1e3, 1),
-                     "plain vs cuBLAS": round(plain["ratio_vs_cublas"], 3) if mine else None,
-                     "graph vs cuBLAS": round(graph["ratio_vs_cublas"], 3) if mine else None})  # fmt: skip
-    return Table(rows)
+        graph, plain = (table.where(impl=impl, mode=mode).rows[0] for mode in ("graph", "plain"))
+        rows.append({"what": ONE_LAUNCH_NAMES.get(impl, impl),
+                     "graph replay, us": round(graph["ms"] * 1e3, 2),
+                     "graph vs cuBLAS": round(graph["of_cublas"], 3),
+                     "plain call, us": round(plain["ms"] * 1e3, 2),
+                     "plain vs cuBLAS": round(plain["of_cublas"], 3),
+                     "host per call, us": round(plain["host_us"], 1)})  # fmt: skip
+    return Table(sorted(rows, key=lambda r: (r["what"] == "cublas", -r["graph vs cuBLAS"])))
 
 
 # --- convolution -------------------------------------------------------------------------------------------
