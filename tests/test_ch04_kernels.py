@@ -288,6 +288,34 @@ def test_wave_tail_launch_any_narrow_width_strides_and_ragged_k(narrow):
         _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
 
 
+def test_wave_tail_refuses_bad_outputs_and_options():
+    """`wave_tail.launch` and `run` name what is wrong: C's shape, dtype, an overlap with A, a narrow width
+    that is not a power of two, a non-contiguous C for the kept launchers, an unknown precision."""
+    import triton
+
+    from labkernels.ch04_libraries import wave_tail
+
+    a, b = _operands(48, 40, 32)
+    config = triton.Config({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 8})
+    good = torch.empty(48, 40, device=a.device)
+    meta = wave_tail._meta(a, b, good, config, "ieee")
+    buffer = torch.empty(48 * 32 + 48 * 40, device=a.device)
+    a_in_buffer = buffer[: 48 * 32].view(48, 32).copy_(a)
+    c_into_a = buffer[32 : 32 + 48 * 40].view(48, 40)  # starts on a's second row
+    wide = torch.empty(40, 48, device=a.device)
+    cases = [
+        (lambda: wave_tail.launch(a, b, wide, meta, 4), r"must be \(48, 40\)"),
+        (lambda: wave_tail.launch(a, b, good.double(), meta, 4), "torch.float32"),
+        (lambda: wave_tail.launch(a_in_buffer, b, c_into_a, meta, 4), "overlaps a"),
+        (lambda: wave_tail.launch(a, b, good, meta, 4, narrow=24), "power of two"),
+        (lambda: wave_tail.run(a, b, wide.t(), "ieee", 4), "contiguous"),
+        (lambda: wave_tail.run(a, b, good, "fast", 4), "precision"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
 @pytest.mark.gpu
 @gpu
 def test_wave_tail_gpu_streams_graphs_and_repeats():

@@ -638,7 +638,7 @@ def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
         return ch03.matmul(a, b, input_precision=precision, kernel="auto" if kernel == "ch03" else kernel)
     if kernel == "wave_tail":  # chapter 03's tiles, and the leftover ones narrower, in one launch
         c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-        wave_tail.run(a, b, c, precision, num_sms(a.device))
+        wave_tail._run(a, b, c, precision, num_sms(a.device))  # checked, c allocated just above
         return c
     if precision == "tf32" or kernel == "k_major":
         b = _k_major(b)

@@ -30,7 +30,9 @@ import triton
 import triton.language as tl
 
 from labkernels import launch_cache
+from labkernels.ch02_strides.views import may_overlap
 from labkernels.ch03_triton import matmul as ch03
+from labkernels.lane import on_gpu
 
 GROUP_SIZE_M = 8  # chapter 03's tile order (`ch03._tile_coordinates`); its configs all use 8
 
@@ -124,10 +126,28 @@ def _meta(a, b, c, config: triton.Config, precision: str) -> dict:
     }  # fmt: skip
 
 
+def check(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, narrow: int | None = None) -> None:
+    """What `launch` and `run` need: chapter 03's operand checks, a C of (M, N) in their dtype on their device
+    and clear of both (the kernel reads A and B while other programs write C), a narrow width that is a power
+    of two (on the GPU at least 16, the smallest `tl.dot`)."""
+    ch03.check_operands(a, b)
+    shape = (a.shape[0], b.shape[1])
+    if tuple(c.shape) != shape or c.dtype != a.dtype or c.device != a.device:
+        raise ValueError(f"wave_tail: c must be {shape} {a.dtype} on {a.device}, got {tuple(c.shape)} "
+                         f"{c.dtype} on {c.device}")  # fmt: skip
+    for name, t in (("a", a), ("b", b)):
+        if may_overlap(c, t):
+            raise ValueError(f"wave_tail: c overlaps {name} in memory; pass a separate output")
+    smallest = 16 if on_gpu() else 1
+    if narrow is not None and (narrow < smallest or narrow & (narrow - 1)):
+        raise ValueError(f"wave_tail: narrow must be a power of two >= {smallest}, got {narrow}")
+
+
 def launch(a, b, c, meta: dict, sms: int, narrow: int | None = None) -> tuple[tuple | None, Callable]:
     """C = A B with chapter 03's tile config `meta` on `sms` SMs, launched once: (the rectangle of narrow
-    tiles or None, the launcher for the next calls). narrow: the narrow tiles' width (`tail_block_n`'s
-    choice when None)."""
+    tiles or None, the launcher for the next calls with operands of the same shapes, strides and alignment).
+    narrow: the narrow tiles' width (`tail_block_n`'s choice when None)."""
+    check(a, b, c, narrow)
     (M, K), N = a.shape, b.shape[1]
     block_m, block_n = meta["BLOCK_SIZE_M"], meta["BLOCK_SIZE_N"]
     strides = (*a.stride(), *b.stride(), *c.stride())
@@ -145,8 +165,18 @@ def launch(a, b, c, meta: dict, sms: int, narrow: int | None = None) -> tuple[tu
 
 
 def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, precision: str, sms: int) -> None:
-    """C = A B (c allocated by the caller, (M, N) contiguous), one launch. The first call of a shape tunes
-    chapter 03's tiled kernel (`ch03.tuned_config`) and keeps the plan."""
+    """C = A B into a contiguous (M, N) c, one launch. The first call of a shape tunes chapter 03's tiled
+    kernel (`ch03.tuned_config`) and keeps the plan. precision: "ieee" or "tf32", for fp32 operands."""
+    check(a, b, c)
+    if not c.is_contiguous():
+        raise ValueError("wave_tail: c must be contiguous (the kept launchers take its strides as they were)")
+    if precision not in ("ieee", "tf32"):
+        raise ValueError(f"wave_tail: precision must be 'ieee' or 'tf32', got {precision!r}")
+    _run(a, b, c, precision, sms)
+
+
+def _run(a, b, c, precision: str, sms: int) -> None:
+    """`run` without its checks: for `splitk.matmul`, which has checked a and b and allocated c."""
     key = (*_key(a, b, precision), sms)
     plan = _plans.get(key)
     if plan is not None:
