@@ -410,9 +410,29 @@ print("ok")
 """
 
 
+BIG_WAVE_TAIL = """
+import torch, labkernels, triton
+from labkernels.ch04_libraries import wave_tail
+m, k, n = 2**31 // 64 + 3, 64, 128  # a (m, k) and C (m, n) past 2^31 elements; the narrow tiles at the end
+a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+config = triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8},
+                       num_stages=3, num_warps=4)  # no tuning at this size
+rect, _ = wave_tail.launch(a, b, c, wave_tail._meta(a, b, c, config, "ieee"), 132)  # the H200's SM count
+assert rect == (33547008, m, 0, n), rect  # C's last rows: row * stride passes int32 there
+rows = torch.cat([torch.arange(0, 256, device="cuda"), torch.arange(rect[0] - 256, m, device="cuda"),
+                  torch.randint(0, m, (4096,), device="cuda")])
+torch.testing.assert_close(c[rows], (a[rows].float() @ b.float()).half(), atol=2e-2, rtol=1e-2)
+print("ok")
+"""
+
+
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("script", [BIG_MATMUL, BIG_TF32], ids=["split_k_bf16", "tf32_k_major"])
+@pytest.mark.parametrize(
+    "script", [BIG_MATMUL, BIG_TF32, BIG_WAVE_TAIL], ids=["split_k_bf16", "tf32_k_major", "wave_tail_fp16"]
+)
 def test_matmul_beyond_int32_offsets(script):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
