@@ -26,7 +26,7 @@ import triton
 from labkernels.ch04_libraries import splitk, wave_tail
 from labkernels.lane import sm_count
 from labkernels.timing import graph_ms, host_us, time_ms
-from wave_tail import PICK, Runner, Tile, launch_tiles
+from wave_tail import PICK, Runner, Tile, launch_tiles, operands
 
 NARROW = (16, 32, 64)
 
@@ -75,11 +75,7 @@ def gpu_main(out_dir: str, args) -> int:
     meta = recording.versioned()
     sms = sm_count()
     m = n = k = 1536
-    torch.manual_seed(0)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    ref = splitk.reference(a, b)
+    a, b, c, ref = operands(m)
     print("leftover:", wave_tail.leftover(m, n, PICK.m, PICK.n, sms, 8), flush=True)
     runs = {f"one launch, 64x{w} narrow": one_launch(PICK, w, sms) for w in NARROW}
     runs["two streams, 64x32 narrow"] = Runner(PICK, Tile(64, 32, 64, 3, 4), sms, a.device)

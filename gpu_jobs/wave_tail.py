@@ -123,15 +123,19 @@ def cpu_smoke() -> int:
     return int(failures > 0)
 
 
+def operands(size: int = 1536):
+    """(a, b, c, reference): seeded bf16 operands of size^3 on the GPU, an empty C, the fp64 product."""
+    torch.manual_seed(0)
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    return a, b, torch.empty(size, size, device="cuda", dtype=torch.bfloat16), splitk.reference(a, b)
+
+
 def gpu_main(out_dir: str, args) -> int:
     meta = recording.versioned()
     sms = sm_count()
     m = n = k = 1536
-    torch.manual_seed(0)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    ref = splitk.reference(a, b)
+    a, b, c, ref = operands(m)
     print("leftover:", leftover_rectangle(m, n, PICK, 8, sms), flush=True)
     runners = [Runner(PICK, s, sms, a.device) for s in SMALL]
     runners += [Runner(PICK, s, sms, a.device, small_first=True) for s in SMALL[1:4]]
