@@ -290,7 +290,8 @@ def test_wave_tail_launch_any_narrow_width_strides_and_ragged_k(narrow):
 
 def test_wave_tail_refuses_bad_outputs_and_options():
     """`wave_tail.launch` and `run` name what is wrong: C's shape, dtype, an overlap with A, a narrow width
-    that is not a power of two, a non-contiguous C for the kept launchers, an unknown precision."""
+    that is not a power of two, a non-contiguous or misaligned C for the kept launchers, an unknown
+    precision."""
     import triton
 
     from labkernels.ch04_libraries import wave_tail
@@ -309,6 +310,7 @@ def test_wave_tail_refuses_bad_outputs_and_options():
         (lambda: wave_tail.launch(a_in_buffer, b, c_into_a, meta, 4), "overlaps a"),
         (lambda: wave_tail.launch(a, b, good, meta, 4, narrow=24), "power of two"),
         (lambda: wave_tail.run(a, b, wide.t(), "ieee", 4), "contiguous"),
+        (lambda: wave_tail.run(a, b, buffer[1 : 1 + 48 * 40].view(48, 40), "ieee", 4), "aligned"),
         (lambda: wave_tail.run(a, b, good, "fast", 4), "precision"),
     ]
     for call, message in cases:
