@@ -169,8 +169,8 @@ def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, precision: str, sms: 
     kernel (`ch03.tuned_config`) and keeps the plan. precision: "ieee" or "tf32", for fp32 operands."""
     check(a, b, c)
     if not c.is_contiguous() or c.data_ptr() % 16:
-        raise ValueError("wave_tail: c must be contiguous and 16-byte aligned, as a fresh tensor is (the kept "
-                         "launchers take its strides and alignment as they were)")  # fmt: skip
+        raise ValueError("wave_tail: c must be contiguous and 16-byte aligned, as a fresh tensor is (the "
+                         "kept launchers take its strides and alignment as they were)")  # fmt: skip
     if precision not in ("ieee", "tf32"):
         raise ValueError(f"wave_tail: precision must be 'ieee' or 'tf32', got {precision!r}")
     _run(a, b, c, precision, sms)
