@@ -291,7 +291,7 @@ def test_wave_tail_launch_any_narrow_width_strides_and_ragged_k(narrow):
 def test_wave_tail_refuses_bad_outputs_and_options():
     """`wave_tail.launch` and `run` name what is wrong: C's shape, dtype, an overlap with A, a narrow width
     that is not a power of two, a non-contiguous or misaligned C for the kept launchers, an unknown
-    precision."""
+    precision, an operand that requires grad. A C whose offsets pass int32 gets int64 ones."""
     import triton
 
     from labkernels.ch04_libraries import wave_tail
@@ -312,10 +312,16 @@ def test_wave_tail_refuses_bad_outputs_and_options():
         (lambda: wave_tail.run(a, b, wide.t(), "ieee", 4), "contiguous"),
         (lambda: wave_tail.run(a, b, buffer[1 : 1 + 48 * 40].view(48, 40), "ieee", 4), "aligned"),
         (lambda: wave_tail.run(a, b, good, "fast", 4), "precision"),
+        (lambda: wave_tail.run(a.clone().requires_grad_(), b, good, "ieee", 4), "requires grad"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
+    # A C whose rows sit 2^31 elements apart (a view of a wider buffer): its offsets need int64, though
+    # A, B and M x N are small. Meta tensors: strides only, no memory.
+    wide_c = torch.empty(48, 2**31, device="meta")[:, :40]
+    assert wave_tail._meta(a, b, wide_c, config, "ieee")["INDEX_64"]
+    assert not wave_tail._meta(a, b, good, config, "ieee")["INDEX_64"]
 
 
 @pytest.mark.gpu

@@ -119,22 +119,28 @@ def _meta(a, b, c, config: triton.Config, precision: str) -> dict:
     """Chapter 03's constexprs for its tuned config on these operands (as chapter 03 passes them)."""
     K, N = b.shape
     strides = (*a.stride(), *b.stride(), *c.stride())
+    c_span = (c.shape[0] - 1) * c.stride(0) + (c.shape[1] - 1) * c.stride(1)  # C may be a wide view
     return config.all_kwargs() | {
         "INPUT_PRECISION": precision if a.dtype == torch.float32 else "tf32",
-        "INDEX_64": ch03.needs_int64(a, b), "EVEN_K": K % config.kwargs["BLOCK_SIZE_K"] == 0,
+        "INDEX_64": ch03.needs_int64(a, b) or c_span > ch03.INT32_MAX,
+        "EVEN_K": K % config.kwargs["BLOCK_SIZE_K"] == 0,
         "ALIGN": ch03.row_alignment(N, strides),
     }  # fmt: skip
 
 
 def check(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, narrow: int | None = None) -> None:
-    """What `launch` and `run` need: chapter 03's operand checks, a C of (M, N) in their dtype on their device
-    and clear of both (the kernel reads A and B while other programs write C), a narrow width that is a power
-    of two (on the GPU at least 16, the smallest `tl.dot`)."""
+    """What `launch` and `run` need: chapter 03's operand checks, no operand that requires grad (C is written
+    in place), a C of (M, N) in their dtype on their device and clear of both (the kernel reads A and B while
+    other programs write C), a narrow width that is a power of two (on the GPU at least 16, the smallest
+    `tl.dot`)."""
     ch03.check_operands(a, b)
     shape = (a.shape[0], b.shape[1])
     if tuple(c.shape) != shape or c.dtype != a.dtype or c.device != a.device:
         raise ValueError(f"wave_tail: c must be {shape} {a.dtype} on {a.device}, got {tuple(c.shape)} "
                          f"{c.dtype} on {c.device}")  # fmt: skip
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise ValueError("wave_tail: a or b requires grad, and C written here has no backward; call "
+                         "splitk.matmul(a, b, kernel='wave_tail'), which has one")  # fmt: skip
     for name, t in (("a", a), ("b", b)):
         if may_overlap(c, t):
             raise ValueError(f"wave_tail: c overlaps {name} in memory; pass a separate output")
@@ -148,6 +154,11 @@ def launch(a, b, c, meta: dict, sms: int, narrow: int | None = None) -> tuple[tu
     tiles or None, the launcher for the next calls with operands of the same shapes, strides and alignment).
     narrow: the narrow tiles' width (`tail_block_n`'s choice when None)."""
     check(a, b, c, narrow)
+    return _launch(a, b, c, meta, sms, narrow)
+
+
+def _launch(a, b, c, meta: dict, sms: int, narrow: int | None = None) -> tuple[tuple | None, Callable]:
+    """`launch` without its checks."""
     (M, K), N = a.shape, b.shape[1]
     block_m, block_n = meta["BLOCK_SIZE_M"], meta["BLOCK_SIZE_N"]
     strides = (*a.stride(), *b.stride(), *c.stride())
@@ -177,14 +188,15 @@ def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, precision: str, sms: 
 
 
 def _run(a, b, c, precision: str, sms: int) -> None:
-    """`run` without its checks: for `splitk.matmul`, which has checked a and b and allocated c."""
+    """`run` without its checks: for `splitk.matmul`, which has checked a and b, allocated c, and handles
+    autograd itself (its backward calls this again, with grad mode on under create_graph)."""
     key = (*_key(a, b, precision), sms)
     plan = _plans.get(key)
     if plan is not None:
         plan.launch(a, b, c)  # read MK + KN, write MN
         return
     config = ch03.tuned_config(a, b, input_precision=precision, kernel="tiled")[1]
-    _plans[key] = _Plan(*launch(a, b, c, _meta(a, b, c, config, precision), sms))
+    _plans[key] = _Plan(*_launch(a, b, c, _meta(a, b, c, config, precision), sms))
 
 
 def planned(a: torch.Tensor, b: torch.Tensor, precision: str, sms: int) -> tuple | None:
