@@ -104,7 +104,8 @@ def _tma_variant(
             b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])  # read BK x BN
             acc = tl.dot(a, b, acc)
         c = acc.to(c_ptr.dtype.element_ty)
-        _store_sliced(c_desc, c, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N, SUBTILE)
+        row, col = pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N
+        _store_sliced(c_desc, c, row, col, BLOCK_SIZE_M, BLOCK_SIZE_N, SUBTILE)
 
 
 def variant_call(v: Variant, a, b, c):
@@ -156,8 +157,10 @@ SHORT_K = [
 ]  # fmt: skip
 CONTROLS = [PICK, Variant(128, 256, 64, 4, 8, subtile=2), Variant(128, 256, 64, 4, 8, subtile=4),
             Variant(128, 128, 64, 4, 8), Variant(128, 128, 64, 5, 8, subtile=2)]  # fmt: skip
-SHAPES = [((3000, 5000, 1000), SHORT_K), ((3000, 5000, 2000), [PICK]), ((3000, 5000, 4000), [PICK]),
-          ((4096, 4096, 4096), CONTROLS), ((8192, 8192, 8192), CONTROLS), ((1536, 1536, 1536), CONTROLS)]  # fmt: skip
+SHAPES = [
+    ((3000, 5000, 1000), SHORT_K), ((3000, 5000, 2000), [PICK]), ((3000, 5000, 4000), [PICK]),
+    ((4096, 4096, 4096), CONTROLS), ((8192, 8192, 8192), CONTROLS), ((1536, 1536, 1536), CONTROLS),
+]  # fmt: skip
 
 
 def measure_shape(shape, variants, rounds, budget_end) -> list[dict]:
