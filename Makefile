@@ -25,6 +25,10 @@ $(VENV)/.installed: pyproject.toml
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(VPY) -m pip install -q -e ".[course]"
+	@# jupyter-events pulls in rfc3987-syntax (jsonschema[format-nongpl]); when it is installed, jsonschema
+	@# builds its IRI grammars on import, 3.5 s of every process that reads a notebook (nbformat imports
+	@# jsonschema): each grading run, each nbval worker. Nothing in the course validates IRIs.
+	$(VPY) -m pip uninstall -y -q rfc3987-syntax
 	touch $@
 
 venv: $(VENV)/.installed

@@ -128,15 +128,16 @@ def wide_call(a, b, c, cfg):
 
 
 class Bench:
-    def __init__(self, out_csv, budget_s, rep):
+    def __init__(self, out_csv, budget_s, rep, timed=True):
         self.rows, self.out_csv, self.rep = [], out_csv, rep
+        self.timed = timed  # False in smoke mode: the interpreter checks correctness, its times mean nothing
         self.deadline = time.perf_counter() + budget_s
 
     def over(self):
         return time.perf_counter() > self.deadline
 
     def run(self, case, name, make, ref, c, base=None):
-        """make() returns a callable writing c (poisoned first); checked once, then timed."""
+        """make() returns a callable writing c (poisoned first); checked once, then timed (unless smoke)."""
         row = {"case": case, "variant": name}
         try:
             fn = make()
@@ -146,11 +147,8 @@ class Bench:
             out = c if c is not None else out
             err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
             row["err"], row["ok"] = f"{err:.2e}", "ok" if err <= TOL else "FAIL"
-            row["ms_graph"] = graph_ms(fn, rep=self.rep)
-            row["ms_plain"] = time_ms(fn, rep=self.rep)
-            if base:
-                row["graph_vs_base"] = base["ms_graph"] / row["ms_graph"]
-                row["plain_vs_base"] = base["ms_plain"] / row["ms_plain"]
+            if self.timed:
+                self._time(row, fn, base)
         except Exception as exc:  # one variant failing must not stop the others
             row["ok"], row["err"] = "ERROR", f"{type(exc).__name__}: {str(exc)[:160]}"
         self.rows.append(row)
@@ -158,6 +156,13 @@ class Bench:
               flush=True)  # fmt: skip
         self.write()
         return row
+
+    def _time(self, row, fn, base):
+        row["ms_graph"] = graph_ms(fn, rep=self.rep)
+        row["ms_plain"] = time_ms(fn, rep=self.rep)
+        if base:
+            row["graph_vs_base"] = base["ms_graph"] / row["ms_graph"]
+            row["plain_vs_base"] = base["ms_plain"] / row["ms_plain"]
 
     @classmethod
     def from_command_line(cls):
@@ -171,7 +176,8 @@ class Bench:
         args = p.parse_args()
         if args.out:
             os.makedirs(args.out, exist_ok=True)
-        return cls(os.path.join(args.out, "results.csv") if args.out else "", args.budget_s, args.rep), args
+        out_csv = os.path.join(args.out, "results.csv") if args.out else ""
+        return cls(out_csv, args.budget_s, args.rep, timed=not args.smoke), args
 
     def verdict(self) -> int:
         """Prints the count of rows and failures; the exit status (1 if any variant failed or errored)."""
