@@ -65,3 +65,22 @@ EARLIER_RESULT = None  # replaced by a tensor in the test: the grader must not s
 
 def returns_earlier_result(x, out):
     out.copy_(EARLIER_RESULT)
+
+
+def worker_facts(_):
+    """Not an answer: where the worker runs (its folder, whether it leads a session of its own, the names in
+    its environment, whether its interpreter is isolated, its parent's pid)."""
+    import os
+    import sys
+
+    own_session = os.getsid(0) == os.getpid()
+    return [os.getcwd(), own_session, sorted(os.environ), bool(sys.flags.isolated), os.getppid()]
+
+
+def kills(pid):
+    """Not an answer: ends process `pid` (the worker's zygote, in the test that says so)."""
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    return 0

@@ -341,3 +341,36 @@ def test_a_kernel_that_fails_to_start_is_started_again(tmp_path, monkeypatch, sc
     got = notebooks.execute_notebook(nb, tmp_path, 10, tmp_path / "submitted.jsonl")
     assert _KernelClient.starts == starts
     assert (got is None) if problem is None else (problem in got)
+
+
+def _in_a_worker(answer, arg):
+    """answer(arg), run in a grading worker of the CPU lane, which is then closed."""
+    import time
+
+    from labkernels.grading import sandbox
+    from labkernels.grading.remote import Student
+
+    student = Student(
+        sandbox.bundle(answer), requires=None, deadline=time.monotonic() + 120, lane="cpu", timeout_s=120
+    )
+    try:
+        return student.map([(arg,)])[0]
+    finally:
+        student.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="workers are forked from a zygote only without CUDA")
+def test_forked_workers_start_as_fresh_ones_would_and_a_killed_zygote_is_replaced():
+    from labkernels.grading.remote import worker_env
+
+    first, second = (_in_a_worker(submissions.worker_facts, 0) for _ in range(2))
+    for folder, own_session, env_names, isolated, _ in (first, second):
+        assert Path(folder).name.startswith("labkernels-worker-") and own_session and isolated
+        # the worker's environment and nothing else; labkernels sets TRITON_INTERPRET in a CPU-lane process
+        assert set(env_names) - {"TRITON_INTERPRET"} == set(worker_env("cpu"))
+    assert first[0] != second[0], "each worker has a folder of its own"
+    zygote = first[4]
+    assert zygote == second[4] != os.getpid(), "both forked from one zygote, not from the grading process"
+    _in_a_worker(submissions.kills, zygote)  # an answer can end the zygote ...
+    parent = _in_a_worker(submissions.worker_facts, 0)[4]
+    assert parent not in (zygote, os.getpid())  # ... and the next worker forks from a new one

@@ -174,6 +174,11 @@ def _possible(reports):
     return sum(r["possible"] for rep in reports for r in rep["exercises"])
 
 
+# Tests of one module-scoped grading run share one xdist worker (make test runs --dist loadgroup): on two
+# workers each would grade the class itself.
+SAME_WORKER = pytest.mark.xdist_group("graded_attacks")
+
+
 @pytest.fixture(scope="module")
 def graded_attacks(tmp_path_factory):
     """One class folder per notebook attack, graded once."""
@@ -187,6 +192,7 @@ def graded_attacks(tmp_path_factory):
     return results
 
 
+@SAME_WORKER
 def test_records_written_by_the_notebook_are_not_scores(graded_attacks):
     proc, reports = graded_attacks["forge_log"]
     assert proc.returncode == 0, proc.stderr
@@ -194,12 +200,14 @@ def test_records_written_by_the_notebook_are_not_scores(graded_attacks):
     assert "its check cell did not run" in proc.stdout
 
 
+@SAME_WORKER
 def test_the_notebooks_environment_does_not_reach_the_grader(graded_attacks):
     proc, reports = graded_attacks["env_injection"]
     assert _earned(reports) == 0, proc.stdout
     assert "NotImplementedError" in proc.stdout
 
 
+@SAME_WORKER
 def test_processes_the_notebook_started_are_killed(graded_attacks):
     pidfile = Path("/tmp/labkernels-attack-leftover.pid")
     assert pidfile.exists()
@@ -208,6 +216,7 @@ def test_processes_the_notebook_started_are_killed(graded_attacks):
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
+@SAME_WORKER
 def test_possible_total_counts_every_chapter_whatever_was_handed_in(graded_attacks):
     from labkernels.grading import possible_points
     from labkernels.grading.registry import discover

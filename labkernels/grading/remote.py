@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from labkernels.grading import zygote
 from labkernels.grading.child import recv, replace_tensors, send, tensors_in
 from labkernels.grading.core import CaseFailed, _Skip
 
@@ -71,19 +72,7 @@ class Student:
         self._tmp = tempfile.TemporaryDirectory(prefix="labkernels-worker-")
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        env = worker_env(self.lane)
-        log = open(os.path.join(self._tmp.name, "output.log"), "wb")  # noqa: SIM115  (the answer's prints)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _WORKER_MAIN, PACKAGE_ROOT, str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            cwd=self._tmp.name,
-            env=env,
-            start_new_session=True,
-        )
-        log.close()
+        self._proc = self._spawn(to_child_r, from_child_w, os.path.join(self._tmp.name, "output.log"))
         os.close(to_child_r)
         os.close(from_child_w)
         self._out = Connection(to_child_w, readable=False)
@@ -94,6 +83,28 @@ class Student:
             self.load_error = str(reply.get("reason"))[:400]
             self.close()
             raise CaseFailed(self.load_error)
+
+    def _spawn(self, fd_in: int, fd_out: int, log_path: str):
+        """The worker process, in its own session and folder, its output in log_path (the answer's prints).
+        Forked from the zygote where there is no CUDA device; a fresh interpreter where there is."""
+        env = worker_env(self.lane)
+        if not torch.cuda.is_available():
+            for _ in range(2):  # an answer may have killed the zygote: a new one is started once
+                try:
+                    return zygote.zygote_for(env, PACKAGE_ROOT).fork(fd_in, fd_out, self._tmp.name, log_path)
+                except (ConnectionError, OSError):
+                    continue
+        with open(log_path, "wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-I", "-c", _WORKER_MAIN, PACKAGE_ROOT, str(fd_in), str(fd_out)],
+                pass_fds=(fd_in, fd_out),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self._tmp.name,
+                env=env,
+                start_new_session=True,
+            )
 
     def close(self) -> None:
         if self._proc is not None:
