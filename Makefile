@@ -23,8 +23,10 @@ export MPLBACKEND ?= module://matplotlib_inline.backend_inline
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q $(TORCH_PIP_ARGS) "torch==2.13.0"
-	$(VPY) -m pip install -q -e ".[course]"
+	@# --no-compile: no bytecode for every module up front (20 s for torch alone on 2 cores); Python writes it
+	@# for the modules a process imports, the first time it imports them.
+	$(VPY) -m pip install -q --no-compile $(TORCH_PIP_ARGS) "torch==2.13.0"
+	$(VPY) -m pip install -q --no-compile -e ".[course]"
 	@# jupyter-events pulls in rfc3987-syntax (jsonschema[format-nongpl]); when it is installed, jsonschema
 	@# builds its IRI grammars on import, 3.5 s of every process that reads a notebook (nbformat imports
 	@# jsonschema): each grading run, each nbval worker. Nothing in the course validates IRIs.
@@ -49,18 +51,20 @@ TEST_WORKERS ?= 2
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
 	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests
-	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions
-	@# The solutions (full marks expected) and the exercises (zero) are graded at the same time, each into
-	@# its own log, shown when both are done; either one failing fails the target.
-	@echo "grading solutions (--expect full) and exercises (--expect zero) side by side"
+	@# nbval, and beside it the solutions (full marks expected) and the exercises (zero) graded, each into its
+	@# own log, shown when all three are done: the graders fill the cores that nbval's last, longest notebooks
+	@# leave idle. Any of the three failing fails the target.
+	@echo "nbval; beside it, grading solutions (--expect full) and exercises (--expect zero)"
 	@$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600 \
 	  > .grade-solutions.log 2>&1 & solutions=$$!; \
 	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600 \
-	  > .grade-exercises.log 2>&1; exercises=$$?; \
-	wait $$solutions; solutions=$$?; \
+	  > .grade-exercises.log 2>&1 & exercises=$$!; \
+	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions; \
+	nbval=$$?; \
+	wait $$solutions; solutions=$$?; wait $$exercises; exercises=$$?; \
 	cat .grade-solutions.log .grade-exercises.log; \
-	echo "grade solutions: exit $$solutions; grade exercises: exit $$exercises"; \
-	[ $$solutions = 0 ] && [ $$exercises = 0 ]
+	echo "nbval: exit $$nbval; grade solutions: exit $$solutions; grade exercises: exit $$exercises"; \
+	[ $$nbval = 0 ] && [ $$solutions = 0 ] && [ $$exercises = 0 ]
 	$(VPY) -m labkernels exercises --check
 
 # GPU lane, in the *current* Python environment (an instructor's GPU runner or a GPU image): no venv, no torch.

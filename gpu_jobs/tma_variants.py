@@ -139,7 +139,7 @@ def cpu_smoke() -> int:
         err, same = checked(Variant(32, 32, 32, 1, 4, subtile=sub), a, b)
         ok = err < TOL and same
         bad += not ok
-        print(f"smoke sub{sub}: rel err {err:.2e}, bitwise {same}: {'ok' if ok else 'FAIL'}")
+        print(f"smoke sub{sub}: rel err {err:.2e}, bitwise {same}: {'ok' if ok else 'WRONG'}")
     return int(bad > 0)
 
 

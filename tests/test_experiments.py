@@ -81,11 +81,18 @@ def test_tuning_cost_ranks_smoke_mode_passes():
 @cpu_lane
 @pytest.mark.parametrize(
     "script, checked",
-    [("wide_tiles.py", 8), ("sk_tail.py", 8), ("wave_tail.py", 6), ("one_launch_tail.py", 6)],
+    [
+        ("wide_tiles.py", 8),
+        ("sk_tail.py", 8),
+        ("wave_tail.py", 6),
+        ("one_launch_tail.py", 6),
+        ("tma_variants.py", 3),
+    ],
 )
 def test_matmul_fill_experiments_cpu_smoke_passes(script, checked):
     """Tiles of power-of-two blocks, the stream-K tail (tickets, bitwise repeatable, tickets reset), the
-    leftover tiles as a second launch and in the same launch: each variant checked on odd shapes."""
+    leftover tiles as a second launch and in the same launch, the TMA kernel's epilogue in column slices:
+    each variant checked on odd shapes."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "gpu_jobs" / script), "--cpu-smoke"],
         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,

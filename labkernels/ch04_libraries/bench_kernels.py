@@ -348,6 +348,33 @@ def one_launch_tail() -> Table | None:
     return Table(sorted(rows, key=lambda r: (r["what"] == "cublas", -r["graph vs cuBLAS"])))
 
 
+SHORT_K_TILE = "128x256x64 s3 w8"  # chapter 03's largest TMA config: the one the K sweep times
+
+
+def short_k() -> tuple[Table, Table] | None:
+    """Chapter 03's TMA-persistent kernel at 3000 x 5000 x K bf16 on the H200 (reference ch04_tma_variants:
+    one run, alternating rounds). (1) Its 128 x 256 x 64 config against cuBLAS as K grows, CUDA-graph
+    replays; (2) at K = 1000, the package's matmul and the kernel's variants (epilogue stored in column
+    slices, stages, grouping, no flattening, warp specialization), best graph replay first."""
+    table = load_reference("ch04_tma_variants")
+    if table is None:
+        return None
+    at_3000 = table.where(m=3000, n=5000)
+    growth = []
+    for k in at_3000.unique("k"):
+        tile, cublas = (at_3000.where(k=k, variant=v).rows[0] for v in (SHORT_K_TILE, "cublas"))
+        growth.append({"K": k, "K-steps a tile": -(-k // 64),
+                       "labkernels, us": round(tile["graph_ms"] * 1e3, 1),
+                       "cuBLAS, us": round(cublas["graph_ms"] * 1e3, 1),
+                       "vs cuBLAS": round(tile["graph_vs_cublas"], 3)})  # fmt: skip
+    variants = [
+        {"variant": r["variant"], "graph vs cuBLAS": round(r["graph_vs_cublas"], 3),
+         "plain vs cuBLAS": round(r["plain_vs_cublas"], 3)}
+        for r in at_3000.where(k=1000).rows if r["variant"] != "cublas"
+    ]  # fmt: skip
+    return Table(growth), Table(sorted(variants, key=lambda r: -r["graph vs cuBLAS"]))
+
+
 # --- convolution -------------------------------------------------------------------------------------------
 
 # (batch, C, size, K_out, R, stride, padding): ResNet-50's 3x3 stages, a 1x1 reduction, a stride-2 3x3.

@@ -16,6 +16,7 @@ fork, so on a GPU machine every worker is started fresh (`remote.Student`).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -90,6 +91,14 @@ class ForkedWorker:
 
 
 _zygotes: dict[str, Zygote] = {}
+
+
+@atexit.register
+def _close_all() -> None:
+    """At the grading process's exit: each zygote told to end, and waited for."""
+    for z in _zygotes.values():
+        z.close()
+    _zygotes.clear()
 
 
 def zygote_for(env: dict, package_root: str) -> Zygote:
