@@ -125,11 +125,16 @@ def test_graph_ms_times_the_work_of_this_lane():
     n = 64 << 20  # 256 MiB of fp32 per buffer: 512 MB moved per copy, ten times an H200's L2
     src = torch.randn(n, device="cuda")
     dst = torch.empty_like(src)
-    graph = timing.graph_ms(lambda: dst.copy_(src), rep=50)
-    plain = timing.time_ms(lambda: dst.copy_(src), rep=50)
+    # The fastest of three alternating rounds each: other test processes may share the GPU (make test-gpu
+    # runs several), and a round that overlapped their kernels times them too.
+    graph, plain = (min(ts) for ts in zip(*[_copy_both_ways(dst, src) for _ in range(3)], strict=True))
     floor = traffic.copy(n).bytes / 20e12 * 1e3  # ms at 20 TB/s, several times any GPU's HBM bandwidth
     assert graph > floor, f"graph_ms {graph:.4f} ms is faster than physics allows ({floor:.4f} ms)"
     assert 0.5 * plain <= graph <= 2 * plain, f"graph_ms {graph:.4f} ms vs time_ms {plain:.4f} ms"
+
+
+def _copy_both_ways(dst, src) -> tuple[float, float]:
+    return timing.graph_ms(lambda: dst.copy_(src), rep=50), timing.time_ms(lambda: dst.copy_(src), rep=50)
 
 
 @pytest.mark.skipif(not labkernels.on_gpu(), reason="graph replays need a GPU")
@@ -142,10 +147,14 @@ def test_graph_autotune_bench_times_the_kernel_and_keeps_torch_memory_cache():
     src = torch.randn(n, device="cuda")
     dst = torch.empty_like(src)
     reserved = torch.cuda.memory_reserved()
-    median, low, high = timing.graph_autotune_bench(lambda: dst.copy_(src))
-    assert torch.cuda.memory_reserved() >= reserved, "the bencher released torch's cached memory"
-    assert low <= median <= high
-    reference = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20)
+    medians, references = [], []
+    for _ in range(3):  # alternating rounds, the fastest of each kept: other tests may share the GPU
+        median, low, high = timing.graph_autotune_bench(lambda: dst.copy_(src))
+        assert torch.cuda.memory_reserved() >= reserved, "the bencher released torch's cached memory"
+        assert low <= median <= high
+        medians.append(median)
+        references.append(triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=20))
+    median, reference = min(medians), min(references)
     agrees = 0.8 * reference <= median <= 1.25 * reference
     assert agrees, f"{median:.4f} ms; do_bench_cudagraph: {reference:.4f}"
 
