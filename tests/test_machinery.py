@@ -116,7 +116,10 @@ def test_graph_ms_times_the_work_of_this_lane():
     """graph_ms replays a CUDA graph on the GPU lane, so it must be given GPU work: a host sleep is not
     captured by a graph and would time as nothing. On the GPU, time a pointwise kernel over buffers far bigger
     than L2 both ways: the graph replay must see its bytes (not less than they take at a bandwidth no GPU has)
-    and agree with a plain timing. On the CPU lane graph_ms is time_ms, which times the host."""
+    and agree with a plain timing. On the CPU lane graph_ms is time_ms, which times the host.
+
+    It needs the GPU to itself (gpu_jobs/test_gpu.sh runs it alone): beside another process's kernels the GPU
+    time-slices, and a long replay is charged for the other's slices (2.1x a plain call, on the H200)."""
     import time
 
     if not labkernels.on_gpu():
