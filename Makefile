@@ -45,12 +45,12 @@ lab: lab-settings
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 # Test processes at once (pytest-xdist). CI has 2 cores; each notebook stays in one process (--dist loadfile),
-# its cells in order; unit tests marked xdist_group (those sharing one costly fixture) stay together too.
+# its cells in order.
 TEST_WORKERS ?= 2
 
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
-	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests
+	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
 	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions
 	@# The solutions (full marks expected) and the exercises (zero) are graded at the same time, each into
 	@# its own log, shown when both are done; either one failing fails the target.

@@ -21,9 +21,14 @@ from labkernels.grading.registry import get
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ["LABKERNELS_EXTRA_EXERCISES"] = "grading_fixtures"
+# ... which the grading processes these tests start must be able to import, as test_grading's do
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(Path(__file__).parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
+)
 
 from attacks import answers as A  # noqa: E402
 from attacks import notebooks as N  # noqa: E402
+from once import once_per_run  # noqa: E402
 
 
 def _zero(ex_id, answer, reason):
@@ -174,15 +179,13 @@ def _possible(reports):
     return sum(r["possible"] for rep in reports for r in rep["exercises"])
 
 
-# Tests of one module-scoped grading run share one xdist worker (make test runs --dist loadgroup): on two
-# workers each would grade the class itself.
-SAME_WORKER = pytest.mark.xdist_group("graded_attacks")
-
-
 @pytest.fixture(scope="module")
-def graded_attacks(tmp_path_factory):
-    """One class folder per notebook attack, graded once."""
-    tmp = tmp_path_factory.mktemp("attacks")
+def graded_attacks(tmp_path_factory, worker_id):
+    """One class folder per notebook attack, graded once per test run (`once_per_run`)."""
+    return once_per_run(tmp_path_factory, worker_id, "attacks", _grade_the_attacks)
+
+
+def _grade_the_attacks(tmp: Path) -> dict:
     results = {}
     for name in ["forge_log", "env_injection", "leftover", "only_3_4"]:
         folder = tmp / name
@@ -192,7 +195,6 @@ def graded_attacks(tmp_path_factory):
     return results
 
 
-@SAME_WORKER
 def test_records_written_by_the_notebook_are_not_scores(graded_attacks):
     proc, reports = graded_attacks["forge_log"]
     assert proc.returncode == 0, proc.stderr
@@ -200,14 +202,12 @@ def test_records_written_by_the_notebook_are_not_scores(graded_attacks):
     assert "its check cell did not run" in proc.stdout
 
 
-@SAME_WORKER
 def test_the_notebooks_environment_does_not_reach_the_grader(graded_attacks):
     proc, reports = graded_attacks["env_injection"]
     assert _earned(reports) == 0, proc.stdout
     assert "NotImplementedError" in proc.stdout
 
 
-@SAME_WORKER
 def test_processes_the_notebook_started_are_killed(graded_attacks):
     pidfile = Path("/tmp/labkernels-attack-leftover.pid")
     assert pidfile.exists()
@@ -216,7 +216,6 @@ def test_processes_the_notebook_started_are_killed(graded_attacks):
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
-@SAME_WORKER
 def test_possible_total_counts_every_chapter_whatever_was_handed_in(graded_attacks):
     from labkernels.grading import possible_points
     from labkernels.grading.registry import discover

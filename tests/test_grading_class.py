@@ -16,6 +16,9 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+from once import once_per_run  # noqa: E402
+
 SOLUTION = ROOT / "solutions" / "00_roofline.ipynb"
 EXERCISE = ROOT / "exercises" / "00_roofline.ipynb"
 # `nbgrader export`'s CSV columns (nbgrader/plugins/export.py, CsvExportPlugin), written out here on purpose.
@@ -79,15 +82,14 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-# Tests of one module-scoped grading run share one xdist worker (make test runs --dist loadgroup): on two
-# workers each would grade the class itself.
-SAME_WORKER = pytest.mark.xdist_group("graded_class")
-
-
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The class graded with -j 2, then again unchanged, then again with bob's notebook changed."""
-    tmp = tmp_path_factory.mktemp("class")
+def graded(tmp_path_factory, worker_id):
+    """The class graded with -j 2, then again unchanged, then again with bob's notebook changed: once per
+    test run (`once_per_run`)."""
+    return once_per_run(tmp_path_factory, worker_id, "class", _grade_the_class)
+
+
+def _grade_the_class(tmp: Path):
     klass, out = tmp / "class", tmp / "grades"
     counter = tmp / "ran-alice.txt"  # alice's notebook appends a line each time it is executed
     _with_cells(
@@ -115,7 +117,6 @@ def graded(tmp_path_factory):
     return tmp, out, runs, snapshot
 
 
-@SAME_WORKER
 def test_gradebook_has_a_row_per_student_with_points_and_reasons(graded):
     _, _, _, snap = graded
     rows = {r["student"]: r for r in csv.DictReader(snap["gradebook.csv"].splitlines())}
@@ -130,7 +131,6 @@ def test_gradebook_has_a_row_per_student_with_points_and_reasons(graded):
     assert "must start with a chapter" in rows["dave"]["problems"]
 
 
-@SAME_WORKER
 def test_long_gradebook_and_per_student_json_agree(graded):
     _, out, _, snap = graded
     long = _rows(out / "gradebook-long.csv")
@@ -153,7 +153,6 @@ def test_long_gradebook_and_per_student_json_agree(graded):
     assert all(case["status"] == "pass" for rec in report["exercises"] for case in rec["cases"])
 
 
-@SAME_WORKER
 def test_unchanged_notebooks_are_not_run_again_and_score_the_same(graded):
     _, _, runs, snap = graded
     assert runs["again"][0].returncode == 0, runs["again"][0].stderr
@@ -164,7 +163,6 @@ def test_unchanged_notebooks_are_not_run_again_and_score_the_same(graded):
     assert report.get("cached") is True
 
 
-@SAME_WORKER
 def test_a_changed_notebook_is_graded_again_and_only_it(graded):
     _, out, runs, snap = graded
     proc = runs["bob_changed"][0]
@@ -175,7 +173,6 @@ def test_a_changed_notebook_is_graded_again_and_only_it(graded):
     assert rows["bob"]["earned"] == "12"
 
 
-@SAME_WORKER
 def test_nbgrader_export_has_nbgraders_columns_and_a_row_per_student_and_chapter(graded):
     _, _, _, snap = graded
     lines = snap["nbgrader.csv"].splitlines()
@@ -188,7 +185,6 @@ def test_nbgrader_export_has_nbgraders_columns_and_a_row_per_student_and_chapter
     assert rows["dave"]["timestamp"] == "" and rows["alice"]["timestamp"] != ""
 
 
-@SAME_WORKER
 def test_output_folder_inside_the_class_or_holding_other_files_is_refused(graded, tmp_path):
     tmp, _, _, _ = graded
     proc, _ = _grade(tmp / "class", tmp / "class" / "alice" / "grades")
