@@ -45,14 +45,12 @@ lab: lab-settings
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 # Test processes at once (pytest-xdist). CI has 2 cores; each notebook stays in one process (--dist loadfile),
-# its cells in order. The unit tests run one process more than the cores: several of them wait (a hanging
-# notebook's time limit, a grading run another process is computing), and a third process fills that time.
+# its cells in order.
 TEST_WORKERS ?= 2
-UNIT_WORKERS ?= 3
 
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
-	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests
+	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
 	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions
 	@# The solutions (full marks expected) and the exercises (zero) are graded at the same time, each into
 	@# its own log, shown when both are done; either one failing fails the target.
