@@ -6,6 +6,7 @@ group in a node id that pytest 9 no longer reads, so the group is split.)"""
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +14,11 @@ from pathlib import Path
 from filelock import FileLock
 
 
-def once_per_run(tmp_path_factory, worker_id: str, name: str, compute: Callable[[Path], object]):
+def once_per_run(tmp_path_factory, name: str, compute: Callable[[Path], object]):
     """compute(folder), run once per test run: under pytest-xdist by the first worker to ask, while the
-    others wait on a lock and then read its pickled result; without xdist, here. The folder is shared."""
-    if worker_id == "master":
+    others wait on a lock and then read its pickled result; without xdist (or without it installed), here.
+    The folder is shared."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # set by xdist in each of its workers
         return compute(tmp_path_factory.mktemp(name))
     root = tmp_path_factory.getbasetemp().parent  # this run's folder, above each worker's own
     result = root / f"{name}.pickle"

@@ -180,9 +180,9 @@ def _possible(reports):
 
 
 @pytest.fixture(scope="module")
-def graded_attacks(tmp_path_factory, worker_id):
+def graded_attacks(tmp_path_factory):
     """One class folder per notebook attack, graded once per test run (`once_per_run`)."""
-    return once_per_run(tmp_path_factory, worker_id, "attacks", _grade_the_attacks)
+    return once_per_run(tmp_path_factory, "attacks", _grade_the_attacks)
 
 
 def _grade_the_attacks(tmp: Path) -> dict:

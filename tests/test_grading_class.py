@@ -83,10 +83,10 @@ def _rows(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory, worker_id):
+def graded(tmp_path_factory):
     """The class graded with -j 2, then again unchanged, then again with bob's notebook changed: once per
     test run (`once_per_run`)."""
-    return once_per_run(tmp_path_factory, worker_id, "class", _grade_the_class)
+    return once_per_run(tmp_path_factory, "class", _grade_the_class)
 
 
 def _grade_the_class(tmp: Path):
