@@ -474,12 +474,13 @@ def test_best_lagged_variants_one_row_each_all_checked():
         ("ch06_softmax_cluster", "CLUSTER_VARIANTS"),
         ("ch06_softmax_slots", "SLOTS_VARIANTS"),
         ("ch06_softmax_staged", "STAGED_VARIANTS"),
+        ("ch06_softmax_lean", "LEAN_VARIANTS"),
     ],
 )
 def test_best_experiment_variants_one_row_each_all_checked(name, variants):
     from labkernels.results import load_reference
 
-    table = load_reference(name)
+    table, _ = bench.timed_and_checks(load_reference(name))
     best = bench.best_softmax_variants(table, getattr(bench, variants))
     shapes = {(r["rows"], r["cols"], r["dtype"]) for r in table.rows}
     keys = [(r["rows"], r["cols"], r["dtype"], r["variant"]) for r in best.rows]
@@ -487,6 +488,29 @@ def test_best_experiment_variants_one_row_each_all_checked(name, variants):
     assert {k[:3] for k in keys if k[3] == "shipped"} == shapes  # the shipped kernel beside every shape
     assert {r["variant"] for r in best.rows} == set(getattr(bench, variants))
     assert all(str(r["correct"]) == "True" for r in best.rows)  # every variant is a checked softmax
+
+
+def test_lean_softmax_records_hold_what_notebook_06_says():
+    """ch06_softmax_lean: every variant computed the softmax within tolerance, also at maxima where m * log2e
+    rounds coarsely or would overflow; the leanest executes under 0.85 of the shipped kernel's instructions an
+    element, yet at 1024 x 262144 bfloat16 no variant gains 0.03 of a copy on it, while at 256 x 1048576 the
+    leanest gains more than 0.1 on the shipped kernel's choice."""
+    from labkernels.results import load_reference
+
+    lean = load_reference("ch06_softmax_lean")
+    assert all(str(r["correct"]) == "True" for r in lean.rows)
+    timed, checks = bench.timed_and_checks(lean)
+    assert {r["config"].split()[0] for r in checks.rows} == {"near_-1000", "near_5000", "huge"}
+    assert set(checks.unique("variant")) == set(bench.LEAN_VARIANTS) - {"shipped", "split"}
+    summary = bench.lean_summary(lean, load_reference("ch06_softmax_lean_sass"))
+    by_variant = {r["variant"]: r for r in summary.rows}
+    assert by_variant["split_packed_fma"]["vs split"] < 0.85
+    best = bench.best_softmax_variants(timed, bench.LEAN_VARIANTS)
+    widest = {r["variant"]: r["of_copy"] for r in best.where(rows=1024, cols=262144, dtype="bfloat16").rows}
+    assert max(widest.values()) - widest["shipped"] < 0.03
+    assert max(widest.values()) < 0.9  # the chapter's goal stays unmet, as the notebook says
+    longest = {r["variant"]: r["of_copy"] for r in best.where(rows=256, dtype="bfloat16").rows}
+    assert longest["split_packed_fma"] - longest["shipped"] > 0.1
 
 
 def test_softmax_sass_counts_the_words_kernel_leaner():

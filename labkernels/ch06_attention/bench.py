@@ -202,6 +202,40 @@ SLOTS_VARIANTS = ("shipped", "split", "split_slots")
 # registers: few registers a thread, so 3 to 16 blocks an SM (gpu_jobs/softmax_staged.py,
 # ch06_softmax_staged.csv).
 STAGED_VARIANTS = ("shipped", "staged")
+# The split kernel with fewer instructions an element (gpu_jobs/softmax_lean.py, ch06_softmax_lean.csv; the
+# counts: ch06_softmax_lean_sass.csv): `split` is the shipped kernel at each configuration; `_fma` computes
+# exp(x - m) with one fused multiply-add, `_words` holds the chunk as 32-bit words, `_packed` takes the max
+# on bfloat16 pairs; `_r80` caps the registers so that three 256-thread programs fit an SM.
+LEAN_VARIANTS = ("shipped", "split", "split_fma", "split_words_fma", "split_packed", "split_packed_fma",
+                 "split_packed_fma_r80")  # fmt: skip
+
+
+def timed_and_checks(table: Table) -> tuple[Table, Table]:
+    """An experiment's rows split into the timed ones and the accuracy checks that were not timed (their
+    fraction of a copy is NaN): softmax_lean checks its variants at extreme row maxima that way."""
+    timed = [r for r in table.rows if not math.isnan(r["fraction_of_same_size_copy"])]
+    return Table(timed), Table(r for r in table.rows if math.isnan(r["fraction_of_same_size_copy"]))
+
+
+def lean_summary(lean: Table, counts: Table, rows: int = 1024, cols: int = 262144) -> Table:
+    """Per variant of softmax_lean: its fastest configuration at (rows, cols) bfloat16 as a fraction of a
+    copy, and that configuration compiled for sm_90 (ch06_softmax_lean_sass): SASS instructions an element,
+    as a fraction of the shipped kernel's at the same configuration, and registers a thread."""
+    timed, _ = timed_and_checks(lean)
+    best = best_softmax_variants(timed.where(rows=rows, cols=cols, dtype="bfloat16"), LEAN_VARIANTS)
+    out = []
+    for r in best.rows:
+        if r["variant"] == "shipped":
+            continue  # the same kernel as `split`, at its tuned configuration
+        block, warps = (int(part.split("=")[1]) for part in r["config"].split())
+        compiled = {c["variant"]: c for c in counts.where(block_size=block, num_warps=warps).rows}
+        mine = compiled.get(r["variant"])
+        out.append({"variant": r["variant"], "config": r["config"], "of_copy": r["of_copy"],
+                    "instr/element": mine["instructions_per_element"] if mine else "-",
+                    "vs split": round(mine["instructions_per_element"]
+                                      / compiled["split"]["instructions_per_element"], 2) if mine else "-",
+                    "registers": mine["registers"] if mine else "-"})  # fmt: skip
+    return Table(out)
 
 
 def best_softmax_variants(table: Table, variants: tuple[str, ...] = SOFTMAX_VARIANTS) -> Table:
