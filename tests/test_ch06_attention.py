@@ -358,6 +358,33 @@ def test_split_row_rescales_an_empty_chunk_to_zero_under_the_interpreter():
     assert torch.equal(out[:, 48:], torch.zeros(2, 16))
 
 
+@pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
+@pytest.mark.parametrize("shift", [0.0, -1000.0, 5000.0])
+def test_split_lean_merges_float16_words_under_the_interpreter(shift):
+    """The lean split kernel (words, exp(x - m) as one fma with its rounding folded into the chunk's factor):
+    the chunk the interpreter completes matches float64, also where the row's max is far from 0 (m * log2e
+    rounds coarsely there, the correction must undo it); the earlier chunks give up with NaN."""
+    x = (torch.randn(2, 64) * 3 + shift).to(torch.float16)
+    x[1, 50] = float("-inf")
+    out = torch.zeros_like(x)
+    assert osm.vector_width(x, out) % 2 == 0  # whole 32-bit words
+    osm._launch(x, out, 16, 4, "split_lean", max_spin=4)
+    assert out[:, :48].isnan().all()
+    atol, rtol = SOFTMAX_TOL[torch.float16]
+    expected = osm.reference(x.double())[:, 48:]
+    torch.testing.assert_close(out[:, 48:].double(), expected, atol=atol, rtol=rtol)
+
+
+def test_split_lean_is_a_candidate_only_where_asked_and_refuses_other_rows():
+    assert not any(mode == "split_lean" for _, _, mode in osm._candidates(262_144))
+    lean = [(b, w) for b, w, mode in osm._candidates(262_144, lean=True) if mode == "split_lean"]
+    assert lean == [(8192, 4), (16384, 4)]
+    assert not any(mode == "split_lean" for _, _, mode in osm._candidates(8192, lean=True))  # one program
+    x = torch.randn(2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="16-bit rows of whole 32-bit words"):
+        osm._launch(x, torch.empty_like(x), 16, 4, "split_lean")
+
+
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
 @pytest.mark.parametrize("shape", [(1, 7), (9, 301), (300, 5000)])
 def test_prefetch_rows_walk_every_row(shape, dtype):
@@ -421,6 +448,33 @@ def test_split_row_on_the_gpu(shape, block, dtype):
     osm._launch(x, out, block, 8, "split")
     atol, rtol = SOFTMAX_TOL[dtype]
     torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=atol, rtol=rtol)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape, block",
+    [((64, 32768), 8192), ((16, 262_144 + 6), 16384), ((512, 20_000), 8192), ((4, 1 << 20), 16384)],
+)
+def test_split_lean_on_the_gpu(shape, block, dtype):
+    """The lean split kernel against float64: random rows, a row near -1000 and one near +5000 (m * log2e
+    rounds coarsely: its error must be corrected), a -inf chunk in a very negative row, a row of -inf (NaN,
+    as torch), and in bfloat16 a row near the format's largest values (m * log2e would overflow)."""
+    x = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
+    x[0] = (x[0].float() - 1000).to(dtype)
+    x[1] = (x[1].float() + 5000).to(dtype)
+    x[2] = (x[2].float() - 1000).to(dtype)
+    x[2, :block] = float("-inf")
+    x[3, :] = float("-inf")
+    if dtype == torch.bfloat16 and shape[0] > 4:
+        x[4] = (torch.randn(shape[1], device=DEVICE, dtype=torch.float64) * 5e37).to(dtype)
+    out = _poisoned(shape, dtype)
+    osm._launch(x, out, block, 4, "split_lean")
+    expected = torch.softmax(x.double(), dim=1)
+    assert torch.equal(out.isnan(), expected.isnan())
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol, equal_nan=True)
 
 
 def test_best_softmax_variants_keeps_the_fastest_config_per_shape():

@@ -287,6 +287,77 @@ def _split_row_kernel(
     tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
 
+@triton.jit
+def _max_bf16_pairs(a, b):
+    """Two words of bfloat16 pairs, maxed pair by pair in one `max.bf16x2` (a max does not round)."""
+    return tl.inline_asm_elementwise(
+        "max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _exp2_shift(m):
+    """(a, b, correction) with exp(x - m) = exp2(x * a - b) * correction, for a chunk's max m: one fma an
+    element. b = fl(m * a) is rounded, but its rounding error r = m * a - b is exact in one fma, and
+    exp2(-r) is one number for the whole chunk, so no element pays for the rounding. a = log2(e), except
+    where m * log2(e) could overflow (|m| >= 2^100): there every x below m is at least 2^93 below it (an
+    exponential of 0) and a = 2^-100 keeps it so, while x = m still gives exp2(0)."""
+    m_safe = tl.where(m == -float("inf"), 0.0, m)  # a chunk of -inf: every exponential is 0 anyway
+    a = tl.where(tl.abs(m_safe) < 1.2676506002282294e30, 1.4426950408889634, 7.888609052210118e-31)
+    b = m_safe * a
+    return a, b, tl.exp2(-tl.fma(m_safe, a, -b))
+
+
+@triton.jit
+def _split_lean_kernel(
+    out_ptr,
+    x_ptr,
+    stats_ptr,
+    sync_ptr,
+    n_col_vecs,
+    x_row_vecs,
+    out_row_vecs,
+    BLOCK_SIZE: tl.constexpr,  # columns per chunk
+    CHUNKS: tl.constexpr,
+    VEC: tl.constexpr,  # an even number of 16-bit elements: rows are whole 32-bit words
+    MAX_SPIN: tl.constexpr,
+    NEG_INF: tl.constexpr,  # NEG_INF_WORD of the dtype
+    PTX: tl.constexpr,
+):
+    """`_split_row_kernel` for 16-bit rows with fewer instructions an element (gpu_jobs/softmax_lean.py,
+    ch06_softmax_lean.csv): the chunk held as 32-bit words of two elements; exp(x - m) as one fma
+    (`_exp2_shift`) instead of a subtract and a multiply; in bfloat16 on the GPU, the chunk's max taken on
+    the packed pairs before widening. It needs more registers a thread than the split kernel, so it pays at
+    4 warps (fewer, larger programs); the tuning times it for bfloat16 rows and keeps it where it is faster
+    (rows of a million). Traffic as the split kernel: 2MN."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    WORDS: tl.constexpr = BLOCK_SIZE // 2
+    HALF_VEC: tl.constexpr = VEC // 2  # words a vector
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    row = ticket // CHUNKS
+    chunk = ticket % CHUNKS
+    row64 = row.to(tl.int64)
+    words = chunk * WORDS + tl.arange(0, WORDS)
+    mask = words < n_col_vecs * HALF_VEC
+    x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * (x_row_vecs * HALF_VEC)
+    w = tl.load(x_words + words, mask=mask, other=NEG_INF)  # read N
+    even, odd = _widen(w, DTYPE)
+    if PTX and DTYPE == tl.bfloat16:
+        pairs = tl.reduce(w, 0, _max_bf16_pairs)  # half an instruction an element, not one
+        pair_even, pair_odd = _widen(pairs, DTYPE)
+        m = tl.maximum(pair_even, pair_odd)
+    else:
+        m = tl.max(tl.maximum(even, odd), axis=0)
+    a, b, correction = _exp2_shift(m)
+    num_even = tl.exp2(even * a - b)
+    num_odd = tl.exp2(odd * a - b)
+    total = tl.sum(num_even + num_odd, axis=0) * correction
+    rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN) * correction
+    out = _narrow(num_even * rescale, num_odd * rescale, DTYPE, PTX)
+    out_words = out_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * (out_row_vecs * HALF_VEC)
+    tl.store(out_words + words, out, mask=mask)  # write N
+
+
 MAX_SPIN = 1 << 16
 MAX_CHUNKS = 64  # far fewer than the programs an H200 holds at once (132 SMs, several programs each)
 
@@ -301,10 +372,11 @@ def vector_width(x: torch.Tensor, out: torch.Tensor) -> int:
     return vec
 
 
-def _candidates(n_cols: int) -> list[tuple[int, int, str]]:
+def _candidates(n_cols: int, lean: bool = False) -> list[tuple[int, int, str]]:
     """(BLOCK_SIZE, num_warps, mode) configurations worth timing for a row width; mode is "one_block",
-    "prefetch" (whole rows, the next one loading while this one is reduced), "loop" (two reads) or "split"
-    (a row over several programs, one read)."""
+    "prefetch" (whole rows, the next one loading while this one is reduced), "loop" (two reads), "split"
+    (a row over several programs, one read) or, with `lean` (bfloat16 rows of whole words), "split_lean"
+    (the split kernel with fewer instructions an element; in float16 it measured no faster)."""
     whole = triton.next_power_of_2(n_cols)
     configs = []
     if whole <= MAX_ONE_BLOCK:
@@ -321,6 +393,9 @@ def _candidates(n_cols: int) -> list[tuple[int, int, str]]:
             for b, w in ((4096, 4), (8192, 4), (8192, 8), (16384, 8))
             if 2 <= whole // b <= MAX_CHUNKS
         ]
+    if whole > 8192 and lean:
+        # 4 warps: the lean kernel's registers fit fewer 256-thread programs an SM (ch06_softmax_lean.csv)
+        configs += [(b, 4, "split_lean") for b in (8192, 16384) if 2 <= whole // b <= MAX_CHUNKS]
     return configs or [(whole, 4, "one_block")]
 
 
@@ -339,22 +414,19 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
             _prefetch_rows_kernel[(programs,)](
                 out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, num_warps=warps
             )
-    elif mode == "split":
+    elif mode in ("split", "split_lean"):
         chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
         stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
         sync = torch.zeros(1 + n_rows, device=x.device, dtype=torch.int32)  # ticket, then arrivals per row
-        _split_row_kernel[(n_rows * chunks,)](
-            out,
-            x,
-            stats,
-            sync,
-            *args,
-            BLOCK_SIZE=block,
-            CHUNKS=chunks,
-            VEC=vec,
-            MAX_SPIN=max_spin,
-            num_warps=warps,
-        )
+        common = dict(BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, num_warps=warps)
+        if mode == "split_lean":
+            if not (x.element_size() == 2 and vec % 2 == 0):
+                raise ValueError("online_softmax: split_lean needs 16-bit rows of whole 32-bit words")
+            _split_lean_kernel[(n_rows * chunks,)](
+                out, x, stats, sync, *args, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(), **common
+            )
+        else:
+            _split_row_kernel[(n_rows * chunks,)](out, x, stats, sync, *args, **common)
     else:
         _online_softmax_kernel[(n_rows,)](
             out, x, *args, BLOCK_SIZE=block, ONE_BLOCK=mode == "one_block", VEC=vec, num_warps=warps
@@ -370,9 +442,10 @@ def _tuned(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple[int, int, str]
     x = torch.randn(n_rows, n_cols, device="cuda").to(dtype)
     out = torch.empty_like(x)
     times = {}
-    for c in _candidates(n_cols):
+    lean = dtype == torch.bfloat16 and vector_width(x, out) % 2 == 0
+    for c in _candidates(n_cols, lean):
         ms = autotune_bench(lambda c=c: _launch(x, out, *c), quantiles=(0.5,))
-        if c[2] != "split" or not torch.isnan(out).any():
+        if not c[2].startswith("split") or not torch.isnan(out).any():
             times[c] = ms
     return min(times, key=times.get)
 
