@@ -27,6 +27,14 @@ def _poisoned(shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
 
 
+def _assert_matches_torch_softmax(out, x):
+    """`out` is torch's float64 softmax of x within x's dtype's tolerance, NaN exactly where torch's is."""
+    expected = torch.softmax(x.double(), dim=1)
+    assert torch.equal(out.isnan(), expected.isnan())
+    atol, rtol = SOFTMAX_TOL[x.dtype]
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol, equal_nan=True)
+
+
 # --- online softmax ----------------------------------------------------------------------------------------
 
 
@@ -430,10 +438,7 @@ def test_split_row_with_empty_chunks_on_the_gpu(shape, block, dtype):
     x[3, :block] = float("-inf")
     out = _poisoned(shape, dtype)
     osm._launch(x, out, block, 4, "split")
-    expected = torch.softmax(x.double(), dim=1)
-    assert torch.equal(out.isnan(), expected.isnan())
-    atol, rtol = SOFTMAX_TOL[dtype]
-    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol, equal_nan=True)
+    _assert_matches_torch_softmax(out, x)
 
 
 @pytest.mark.gpu
@@ -471,10 +476,7 @@ def test_split_lean_on_the_gpu(shape, block, dtype):
         x[4] = (torch.randn(shape[1], device=DEVICE, dtype=torch.float64) * 5e37).to(dtype)
     out = _poisoned(shape, dtype)
     osm._launch(x, out, block, 4, "split_lean")
-    expected = torch.softmax(x.double(), dim=1)
-    assert torch.equal(out.isnan(), expected.isnan())
-    atol, rtol = SOFTMAX_TOL[dtype]
-    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol, equal_nan=True)
+    _assert_matches_torch_softmax(out, x)
 
 
 def test_best_softmax_variants_keeps_the_fastest_config_per_shape():
