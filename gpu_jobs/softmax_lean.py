@@ -18,6 +18,7 @@ Every output is checked against the fp64 reference with the output poisoned firs
 kernel and a copy of the same bytes, in one run.
 
     python gpu_jobs/softmax_lean.py OUTDIR         # GPU: table on stdout, OUTDIR/results.csv
+    python gpu_jobs/softmax_lean.py OUTDIR --configs   # GPU: the leanest kernel over launch configurations
     python gpu_jobs/softmax_lean.py --sass [CSV]   # no GPU: SASS instructions an element of each variant
                                                    # (labkernels/reference/ch06_softmax_lean_sass.csv)
 """
@@ -130,8 +131,9 @@ def lean_split_kernel(out_ptr, x_ptr, stats_ptr, sync_ptr, n_col_vecs, x_row_vec
         tl.store(out_ptr + row64 * (out_row_vecs * VEC) + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def launch(x, out, block, warps, variant):
-    fma, words, packed, maxnreg = VARIANTS[variant]
+def launch(x, out, block, warps, variant, maxnreg=None):
+    fma, words, packed, cap_of_variant = VARIANTS[variant]
+    maxnreg = maxnreg or cap_of_variant
     cap = {} if maxnreg is None else {"maxnreg": maxnreg}
     vec = osm.vector_width(x, out)
     rows, cols = x.shape
@@ -208,6 +210,24 @@ def extreme_rows(lagged, rec) -> None:
                             lambda c=case, v=variant: launch(c.x, c.out, 16384, 8, v))  # fmt: skip
 
 
+# --configs: the leanest kernel over launch shapes, with register caps that fit more programs an SM
+MORE_CONFIGS = [(4096, 1, None), (4096, 2, None), (8192, 2, None), (8192, 4, None), (16384, 4, None),
+                (16384, 4, 128), (16384, 4, 96), (8192, 2, 128), (16384, 8, None), (32768, 8, None),
+                (32768, 16, None), (65536, 16, None)]  # fmt: skip
+
+
+def sweep_configs(lagged, rec) -> None:
+    for rows, cols in [(1024, 262144), (256, 1 << 20), (4096, 65536)]:
+        case = lagged.case_beside_shipped(rec, rows, cols, "bfloat16")
+        for block, warps, cap in MORE_CONFIGS:
+            if cols // block > osm.MAX_CHUNKS:
+                continue
+            config = f"block={block} warps={warps}" + (f" maxnreg={cap}" if cap else "")
+            call = lambda c=case, b=block, w=warps, r=cap: launch(c.x, c.out, b, w, "split_packed_fma", r)  # noqa: E731
+            rec.measure(case, "split_packed_fma", config, call)
+    rec.print_best()
+
+
 def main() -> int:
     if SASS_ONLY:
         sass_counts(sys.argv[2] if len(sys.argv) > 2 else "labkernels/reference/ch06_softmax_lean_sass.csv")
@@ -217,6 +237,9 @@ def main() -> int:
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     rec = lagged.Recorder(os.path.join(out_dir, "results.csv"))
+    if "--configs" in sys.argv:
+        sweep_configs(lagged, rec)
+        return 0
     shapes = [(1024, 262144, "bfloat16"), (1024, 262144, "float16"), (4096, 65536, "bfloat16"),
               (256, 1 << 20, "bfloat16")]  # fmt: skip
     for rows, cols, dtype in shapes:
