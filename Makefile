@@ -17,6 +17,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 # Notebooks draw with the inline backend (a figure's text is '<Figure size ...>' in both lanes).
 export MPLBACKEND ?= module://matplotlib_inline.backend_inline
+# The venv is installed without bytecode (--no-compile): each module's is written the first time a process
+# imports it, and every later process reads it. An environment that sets PYTHONDONTWRITEBYTECODE (some images
+# do) would make every process compile torch again: `import labkernels` took 7.9 s instead of 3.5 s, in every
+# test worker, notebook kernel and grading run.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: lab lab-settings test-browser venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade release lint clean
 
