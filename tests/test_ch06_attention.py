@@ -388,9 +388,22 @@ def test_split_lean_is_a_candidate_only_where_asked_and_refuses_other_rows():
     lean = [(b, w) for b, w, mode in osm._candidates(262_144, lean=True) if mode == "split_lean"]
     assert lean == [(8192, 4), (16384, 4)]
     assert not any(mode == "split_lean" for _, _, mode in osm._candidates(8192, lean=True))  # one program
-    x = torch.randn(2, 64, device=DEVICE)
-    with pytest.raises(ValueError, match="16-bit rows of whole 32-bit words"):
-        osm._launch(x, torch.empty_like(x), 16, 4, "split_lean")
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_lean_on_rows_that_are_not_words_takes_the_split_kernel(dtype):
+    """The tuning picks split_lean on contiguous rows, but a call may pass a view whose rows are not whole
+    32-bit words (float32, or an odd row stride): it gets the plain split kernel at the same block and warps
+    (under the interpreter the last chunk of each row completes, the others give up with NaN)."""
+    wide = (torch.randn(2, 65) * 5).to(dtype)
+    x = wide[:, :64]  # row stride 65: no 32-bit words of 16-bit pairs
+    out = torch.zeros(2, 64, dtype=dtype)
+    assert osm.vector_width(x, out) % 2 == 1
+    osm._launch(x, out, 16, 4, "split_lean", max_spin=4)
+    assert out[:, :48].isnan().all()
+    atol, rtol = SOFTMAX_TOL[dtype]
+    torch.testing.assert_close(out[:, 48:].double(), osm.reference(x.double())[:, 48:], atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
@@ -477,6 +490,10 @@ def test_split_lean_on_the_gpu(shape, block, dtype):
     out = _poisoned(shape, dtype)
     osm._launch(x, out, block, 4, "split_lean")
     _assert_matches_torch_softmax(out, x)
+    odd = torch.cat([x, x[:, :1]], dim=1)[:, : shape[1]]  # the same rows, an odd row stride: not words
+    out = _poisoned(shape, dtype)
+    osm._launch(odd, out, block, 4, "split_lean")  # the plain split kernel at this block and warps
+    _assert_matches_torch_softmax(out, odd)
 
 
 def test_best_softmax_variants_keeps_the_fastest_config_per_shape():

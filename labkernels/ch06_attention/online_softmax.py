@@ -419,9 +419,9 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
         stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
         sync = torch.zeros(1 + n_rows, device=x.device, dtype=torch.int32)  # ticket, then arrivals per row
         common = dict(BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, num_warps=warps)
-        if mode == "split_lean":
-            if not (x.element_size() == 2 and vec % 2 == 0):
-                raise ValueError("online_softmax: split_lean needs 16-bit rows of whole 32-bit words")
+        # The tuning chose split_lean on contiguous rows; a view whose rows are not whole 32-bit words (an odd
+        # row stride, an odd offset) gets the plain split kernel at the same block and warps.
+        if mode == "split_lean" and x.element_size() == 2 and vec % 2 == 0:
             _split_lean_kernel[(n_rows * chunks,)](
                 out, x, stats, sync, *args, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(), **common
             )
