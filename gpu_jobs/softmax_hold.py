@@ -47,7 +47,9 @@ LEAN_CONFIGS = [(8192, 4), (16384, 4)]  # the lean kernel's tuned configs
 def _widen_again(w):
     """`_widen` of bfloat16 words through impure PTX: a second widening the compiler cannot merge with the
     first, so nothing computed from the first survives the wait."""
-    even = tl.inline_asm_elementwise("shl.b32 $0, $1, 16;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1)
+    even = tl.inline_asm_elementwise(
+        "shl.b32 $0, $1, 16;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
+    )
     odd = tl.inline_asm_elementwise(
         "and.b32 $0, $1, 0xFFFF0000;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
     )
