@@ -472,6 +472,9 @@ def _ch06_online_softmax():
     out = poisoned(5, 304, dtype=half())
     _online_softmax_mode(osm, x, out, "split_lean")  # the split kernel on the words, 19 chunks a row
     close(out, torch.softmax(x.double(), dim=1), "online_softmax split_lean, 16-bit words")
+    out = poisoned(5, 304, dtype=half())
+    _online_softmax_mode(osm, x, out, "split_hold")  # the words held across the wait, a register cap
+    close(out, torch.softmax(x.double(), dim=1), "online_softmax split_hold, 16-bit words")
 
 
 def _online_softmax_mode(osm, x: torch.Tensor, out: torch.Tensor, mode: str) -> None:
@@ -611,6 +614,7 @@ def kernels() -> list[str]:
 GPU_ONLY_KERNELS = {
     "ch06_attention.online_softmax:_split_row_kernel",
     "ch06_attention.online_softmax:_split_lean_kernel",
+    "ch06_attention.online_softmax:_split_hold_kernel",
 }
 
 LAUNCHED: set[str] = set()  # "module:kernel" of each Triton kernel launched in this process

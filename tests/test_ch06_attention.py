@@ -367,16 +367,18 @@ def test_split_row_rescales_an_empty_chunk_to_zero_under_the_interpreter():
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
+@pytest.mark.parametrize("mode", ["split_lean", "split_hold"])
 @pytest.mark.parametrize("shift", [0.0, -1000.0, 5000.0])
-def test_split_lean_merges_float16_words_under_the_interpreter(shift):
-    """The lean split kernel (words, exp(x - m) as one fma with its rounding folded into the chunk's factor):
-    the chunk the interpreter completes matches float64, also where the row's max is far from 0 (m * log2e
-    rounds coarsely there, the correction must undo it); the earlier chunks give up with NaN."""
+def test_split_lean_merges_float16_words_under_the_interpreter(shift, mode):
+    """The lean split kernel (words, exp(x - m) as one fma with its rounding folded into the chunk's factor)
+    and the hold kernel (the same, exponentiating again after the wait): the chunk the interpreter completes
+    matches float64, also where the row's max is far from 0 (m * log2e rounds coarsely there, the correction
+    must undo it); the earlier chunks give up with NaN."""
     x = (torch.randn(2, 64) * 3 + shift).to(torch.float16)
     x[1, 50] = float("-inf")
     out = torch.zeros_like(x)
     assert osm.vector_width(x, out) % 2 == 0  # whole 32-bit words
-    osm._launch(x, out, 16, 4, "split_lean", max_spin=4)
+    osm._launch(x, out, 16, 4, mode, max_spin=4)
     assert out[:, :48].isnan().all()
     atol, rtol = SOFTMAX_TOL[torch.float16]
     expected = osm.reference(x.double())[:, 48:]
@@ -384,15 +386,28 @@ def test_split_lean_merges_float16_words_under_the_interpreter(shift):
 
 
 def test_split_lean_is_a_candidate_only_where_asked_and_refuses_other_rows():
-    assert not any(mode == "split_lean" for _, _, mode in osm._candidates(262_144))
+    assert not any(mode in ("split_lean", "split_hold") for _, _, mode in osm._candidates(262_144))
     lean = [(b, w) for b, w, mode in osm._candidates(262_144, lean=True) if mode == "split_lean"]
     assert lean == [(8192, 4), (16384, 4)]
-    assert not any(mode == "split_lean" for _, _, mode in osm._candidates(8192, lean=True))  # one program
+    hold = [(b, w) for b, w, mode in osm._candidates(262_144, lean=True) if mode == "split_hold"]
+    assert hold == [(16384, 4), (32768, 4)]
+    assert [b for b, _, mode in osm._candidates(32768, lean=True) if mode == "split_hold"] == [16384]
+    one_program = osm._candidates(8192, lean=True)
+    assert not any(mode.startswith("split_") for _, _, mode in one_program)
+
+
+def test_hold_registers_are_the_held_words_plus_32():
+    """The cap that fits five 16384-element programs an SM (ch06_softmax_hold.csv: 96 registers, no
+    spills)."""
+    assert osm.hold_registers(16384, 4) == 96
+    assert osm.hold_registers(32768, 4) == 160
+    assert 65536 // (osm.hold_registers(16384, 4) * 128) == 5
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
+@pytest.mark.parametrize("mode", ["split_lean", "split_hold"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_split_lean_on_rows_that_are_not_words_takes_the_split_kernel(dtype):
+def test_split_lean_on_rows_that_are_not_words_takes_the_split_kernel(dtype, mode):
     """The tuning picks split_lean on contiguous rows, but a call may pass a view whose rows are not whole
     32-bit words (float32, or an odd row stride): it gets the plain split kernel at the same block and warps
     (under the interpreter the last chunk of each row completes, the others give up with NaN)."""
@@ -400,7 +415,7 @@ def test_split_lean_on_rows_that_are_not_words_takes_the_split_kernel(dtype):
     x = wide[:, :64]  # row stride 65: no 32-bit words of 16-bit pairs
     out = torch.zeros(2, 64, dtype=dtype)
     assert osm.vector_width(x, out) % 2 == 1
-    osm._launch(x, out, 16, 4, "split_lean", max_spin=4)
+    osm._launch(x, out, 16, 4, mode, max_spin=4)
     assert out[:, :48].isnan().all()
     atol, rtol = SOFTMAX_TOL[dtype]
     torch.testing.assert_close(out[:, 48:].double(), osm.reference(x.double())[:, 48:], atol=atol, rtol=rtol)
@@ -475,10 +490,12 @@ def test_split_row_on_the_gpu(shape, block, dtype):
     "shape, block",
     [((64, 32768), 8192), ((16, 262_144 + 6), 16384), ((512, 20_000), 8192), ((4, 1 << 20), 16384)],
 )
-def test_split_lean_on_the_gpu(shape, block, dtype):
-    """The lean split kernel against float64: random rows, a row near -1000 and one near +5000 (m * log2e
-    rounds coarsely: its error must be corrected), a -inf chunk in a very negative row, a row of -inf (NaN,
-    as torch), and in bfloat16 a row near the format's largest values (m * log2e would overflow)."""
+@pytest.mark.parametrize("mode", ["split_lean", "split_hold"])
+def test_split_lean_on_the_gpu(shape, block, dtype, mode):
+    """The lean split kernel and the hold kernel against float64: random rows, a row near -1000 and one near
+    +5000 (m * log2e rounds coarsely: its error must be corrected), a -inf chunk in a very negative row, a row
+    of -inf (NaN, as torch), and in bfloat16 a row near the format's largest values (m * log2e would
+    overflow). The hold kernel's output equals the lean kernel's bit for bit: the same arithmetic."""
     x = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
     x[0] = (x[0].float() - 1000).to(dtype)
     x[1] = (x[1].float() + 5000).to(dtype)
@@ -488,11 +505,15 @@ def test_split_lean_on_the_gpu(shape, block, dtype):
     if dtype == torch.bfloat16 and shape[0] > 4:
         x[4] = (torch.randn(shape[1], device=DEVICE, dtype=torch.float64) * 5e37).to(dtype)
     out = _poisoned(shape, dtype)
-    osm._launch(x, out, block, 4, "split_lean")
+    osm._launch(x, out, block, 4, mode)
     _assert_matches_torch_softmax(out, x)
+    if mode == "split_hold":
+        lean = _poisoned(shape, dtype)
+        osm._launch(x, lean, block, 4, "split_lean")
+        assert torch.equal(out.view(torch.int16), lean.view(torch.int16))
     odd = torch.cat([x, x[:, :1]], dim=1)[:, : shape[1]]  # the same rows, an odd row stride: not words
     out = _poisoned(shape, dtype)
-    osm._launch(odd, out, block, 4, "split_lean")  # the plain split kernel at this block and warps
+    osm._launch(odd, out, block, 4, mode)  # the plain split kernel at this block and warps
     _assert_matches_torch_softmax(out, odd)
 
 
@@ -594,6 +615,40 @@ def test_lean_softmax_records_hold_what_notebook_06_says():
         if "maxnreg" in config:
             assert fraction < of_copy[config.rsplit(" maxnreg", 1)[0]]
         assert fraction < shipped + 0.01
+
+
+def test_hold_softmax_records_hold_what_notebook_06_says():
+    """ch06_softmax_hold: every hold variant but the diagnostic computed the softmax within tolerance, the
+    MUFU one bit for bit as the lean kernel; uncapped it is no faster than lean, capped it is, and at
+    1024 x 262144 each program more an SM is faster until the cap spills; the polynomial loses; without its
+    second exponentials the widest rows stay under 0.92; 4096 x 65536 reaches 0.9 and 1024 x 262144 does
+    not."""
+    from labkernels.results import load_reference
+
+    hold = load_reference("ch06_softmax_hold")
+    for r in hold.rows:
+        assert str(r["correct"]) == str(r["variant"] != "hold_none")
+        if r["variant"] == "hold" and "warps=4" in r["config"]:
+            assert r["config"].endswith("differ_from_lean=0")
+    best = {
+        (r["rows"], r["variant"]): r["of_copy"] for r in bench.hold_best(hold).where(dtype="bfloat16").rows
+    }
+    for rows in (1024, 256, 4096):
+        assert best[rows, "hold_poly"] < best[rows, "lean"] < best[rows, "hold"]
+    by_config = {(r["block"], r["warps"], r["maxnreg"]): r for r in bench.hold_by_programs(hold).rows}
+    assert (
+        by_config[16384, 4, "None"]["of_copy"] < best[1024, "lean"]
+    )  # uncapped: the lean kernel's registers
+    # 16384-element chunks at 4 warps: each program more an SM is faster, until the cap forces real spills
+    fits = [
+        r for r in by_config.values() if (r["block"], r["warps"]) == (16384, 4) and r["spilled_bytes"] <= 8
+    ]
+    ordered = sorted(fits, key=lambda r: r["programs/SM"])
+    assert len(ordered) >= 4 and [r["of_copy"] for r in ordered] == sorted(r["of_copy"] for r in ordered)
+    assert by_config[16384, 4, "72"]["spilled_bytes"] > 8 and by_config[16384, 4, "72"]["of_copy"] < 0.8
+    assert best[1024, "hold_none"] < 0.92
+    assert best[1024, "hold"] < 0.9 <= max(r["fraction_of_same_size_copy"] for r in hold.where(
+        rows=4096, cols=65536, variant="hold").rows)  # fmt: skip
 
 
 def test_softmax_sass_counts_the_words_kernel_leaner():

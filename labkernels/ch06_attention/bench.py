@@ -210,6 +210,35 @@ LEAN_VARIANTS = ("shipped", "split", "split_fma", "split_words_fma", "split_pack
                  "split_packed_fma_r80")  # fmt: skip
 
 
+# The split kernel holding its raw words across the wait and exponentiating again after it
+# (gpu_jobs/softmax_hold.py, ch06_softmax_hold.csv): `lean` is online_softmax's split_lean at its two tuned
+# configurations; `hold` exponentiates on the MUFU, `hold_poly` on the FMA pipe (a polynomial), `hold_half`
+# half on each; `hold_none` leaves the second exponentials out (a wrong result: what they cost).
+HOLD_VARIANTS = ("shipped", "lean", "hold", "hold_poly", "hold_half", "hold_none")
+
+
+def hold_by_programs(hold: Table, rows: int = 1024, cols: int = 262144) -> Table:
+    """The hold kernel's configurations at (rows, cols) bfloat16, with the programs an SM its registers allow
+    and the bytes of input those programs hold, most bytes first: what the register caps buy."""
+    out = []
+    for r in hold.where(rows=rows, cols=cols, dtype="bfloat16", variant="hold").rows:
+        fields = dict(part.split("=") for part in r["config"].split())
+        programs, block = int(fields["programs/SM"]), int(fields["block"])
+        out.append({"block": block, "warps": int(fields["warps"]), "maxnreg": fields["maxnreg"],
+                    "registers": int(fields["regs"]), "spilled_bytes": int(fields["spills"]),
+                    "programs/SM": programs, "held_KiB/SM": programs * block * 2 // 1024,
+                    "of_copy": round(r["fraction_of_same_size_copy"], 3)})  # fmt: skip
+    return Table(sorted(out, key=lambda r: (-r["held_KiB/SM"], -r["of_copy"])))
+
+
+def hold_best(hold: Table) -> Table:
+    """best_softmax_variants of ch06_softmax_hold, each configuration cut to its launch: block, warps,
+    register cap."""
+    timed, _ = timed_and_checks(hold)
+    best = best_softmax_variants(timed, HOLD_VARIANTS)
+    return Table(r | {"config": " ".join(r["config"].split()[:3])} for r in best.rows)
+
+
 def timed_and_checks(table: Table) -> tuple[Table, Table]:
     """An experiment's rows split into the timed ones and the accuracy checks that were not timed (their
     fraction of a copy is NaN): softmax_lean checks its variants at extreme row maxima that way."""

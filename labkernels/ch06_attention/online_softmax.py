@@ -358,6 +358,90 @@ def _split_lean_kernel(
     tl.store(out_words + words, out, mask=mask)  # write N
 
 
+@triton.jit
+def _widen_again(w, DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """`_widen` once more, for the second pass of `_split_hold_kernel`. On the GPU through inline PTX marked
+    impure, which the compiler may neither merge with the first widening nor move before the wait: so
+    nothing computed from the first widening stays in registers across the wait."""
+    if not PTX:  # the interpreter: no PTX, and no registers to save
+        return _widen(w, DTYPE)
+    if DTYPE == tl.bfloat16:
+        even = tl.inline_asm_elementwise(
+            "shl.b32 $0, $1, 16;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
+        ).to(tl.float32, bitcast=True)
+        odd = tl.inline_asm_elementwise(
+            "and.b32 $0, $1, 0xFFFF0000;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
+        ).to(tl.float32, bitcast=True)
+    else:
+        even = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, lo; }",
+            "=f,r", [w], dtype=tl.float32, is_pure=False, pack=1,
+        )  # fmt: skip
+        odd = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, hi; }",
+            "=f,r", [w], dtype=tl.float32, is_pure=False, pack=1,
+        )  # fmt: skip
+    return even, odd
+
+
+@triton.jit
+def _split_hold_kernel(
+    out_ptr,
+    x_ptr,
+    stats_ptr,
+    sync_ptr,
+    n_col_vecs,
+    x_row_vecs,
+    out_row_vecs,
+    BLOCK_SIZE: tl.constexpr,  # columns per chunk
+    CHUNKS: tl.constexpr,
+    VEC: tl.constexpr,  # an even number of 16-bit elements: rows are whole 32-bit words
+    MAX_SPIN: tl.constexpr,
+    NEG_INF: tl.constexpr,  # NEG_INF_WORD of the dtype
+    PTX: tl.constexpr,
+):
+    """`_split_lean_kernel` that holds only the words it loaded while it waits for the row's other chunks,
+    and exponentiates them again after the wait (gpu_jobs/softmax_hold.py, ch06_softmax_hold.csv).
+
+    The split kernels keep exp(x - m) in fp32 across the wait: one register an element, so a 16384-element
+    chunk takes about 166 registers a thread and three programs fit an SM. Held as words, the chunk takes half
+    a register an element; launched with a register cap (`hold_registers`) five programs fit, and while some
+    wait the others keep loading. The price is a second exponential an element. The arithmetic is the lean
+    kernel's, so the result is the same bit for bit. Traffic as the split kernel: read MN, write MN."""
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    WORDS: tl.constexpr = BLOCK_SIZE // 2
+    HALF_VEC: tl.constexpr = VEC // 2  # words a vector
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    row = ticket // CHUNKS
+    chunk = ticket % CHUNKS
+    row64 = row.to(tl.int64)
+    words = chunk * WORDS + tl.arange(0, WORDS)
+    mask = words < n_col_vecs * HALF_VEC
+    x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * (x_row_vecs * HALF_VEC)
+    w = tl.load(x_words + words, mask=mask, other=NEG_INF)  # read N: the only thing held across the wait
+    even, odd = _widen(w, DTYPE)
+    if PTX and DTYPE == tl.bfloat16:
+        pairs = tl.reduce(w, 0, _max_bf16_pairs)
+        pair_even, pair_odd = _widen(pairs, DTYPE)
+        m = tl.maximum(pair_even, pair_odd)
+    else:
+        m = tl.max(tl.maximum(even, odd), axis=0)
+    a, b, correction = _exp2_shift(m)
+    total = tl.sum(tl.exp2(even * a - b) + tl.exp2(odd * a - b), axis=0) * correction  # the first exp2s
+    rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN) * correction
+    even, odd = _widen_again(w, DTYPE, PTX)
+    out = _narrow(tl.exp2(even * a - b) * rescale, tl.exp2(odd * a - b) * rescale, DTYPE, PTX)  # the second
+    out_words = out_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * (out_row_vecs * HALF_VEC)
+    tl.store(out_words + words, out, mask=mask)  # write N
+
+
+def hold_registers(block: int, warps: int) -> int:
+    """The register cap of `_split_hold_kernel` in bfloat16: the words a thread holds plus 32. Left to itself
+    ptxas allocates for the exponentials' peak (about 166 a thread at 16384 x 4 warps, as the lean kernel); at
+    this cap it schedules them in fewer registers without spilling (softmax_hold.py --registers)."""
+    return block // (64 * warps) + 32
+
+
 MAX_SPIN = 1 << 16
 MAX_CHUNKS = 64  # far fewer than the programs an H200 holds at once (132 SMs, several programs each)
 
@@ -376,7 +460,8 @@ def _candidates(n_cols: int, lean: bool = False) -> list[tuple[int, int, str]]:
     """(BLOCK_SIZE, num_warps, mode) configurations worth timing for a row width; mode is "one_block",
     "prefetch" (whole rows, the next one loading while this one is reduced), "loop" (two reads), "split"
     (a row over several programs, one read) or, with `lean` (bfloat16 rows of whole words), "split_lean"
-    (the split kernel with fewer instructions an element; in float16 it measured no faster)."""
+    (the split kernel with fewer instructions an element; in float16 it measured no faster) and "split_hold"
+    (the lean kernel holding its words, not its exponentials, across the wait: more programs an SM)."""
     whole = triton.next_power_of_2(n_cols)
     configs = []
     if whole <= MAX_ONE_BLOCK:
@@ -396,6 +481,8 @@ def _candidates(n_cols: int, lean: bool = False) -> list[tuple[int, int, str]]:
     if whole > 8192 and lean:
         # 4 warps: the lean kernel's registers fit fewer 256-thread programs an SM (ch06_softmax_lean.csv)
         configs += [(b, 4, "split_lean") for b in (8192, 16384) if 2 <= whole // b <= MAX_CHUNKS]
+        # the hold kernel's best chunks at 1024-4096 rows and at rows of a million (ch06_softmax_hold.csv)
+        configs += [(b, 4, "split_hold") for b in (16384, 32768) if 2 <= whole // b <= MAX_CHUNKS]
     return configs or [(whole, 4, "one_block")]
 
 
@@ -414,16 +501,24 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
             _prefetch_rows_kernel[(programs,)](
                 out, x, n_rows, *args, BLOCK_SIZE=block, VEC=vec, num_warps=warps
             )
-    elif mode in ("split", "split_lean"):
+    elif mode in ("split", "split_lean", "split_hold"):
         chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
         stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
         sync = torch.zeros(1 + n_rows, device=x.device, dtype=torch.int32)  # ticket, then arrivals per row
         common = dict(BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, num_warps=warps)
-        # The tuning chose split_lean on contiguous rows; a view whose rows are not whole 32-bit words (an odd
-        # row stride, an odd offset) gets the plain split kernel at the same block and warps.
-        if mode == "split_lean" and x.element_size() == 2 and vec % 2 == 0:
+        # The tuning chose split_lean or split_hold on contiguous rows; a view whose rows are not whole 32-bit
+        # words (an odd row stride, an odd offset) gets the plain split kernel at the same block and warps.
+        words = x.element_size() == 2 and vec % 2 == 0
+        if mode == "split_lean" and words:
             _split_lean_kernel[(n_rows * chunks,)](
                 out, x, stats, sync, *args, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(), **common
+            )
+        elif mode == "split_hold" and words:
+            # The cap is bfloat16's: float16's conversions need more registers and spill under it (the tuning
+            # offers this mode for bfloat16 only).
+            cap = {"maxnreg": hold_registers(block, warps)} if x.dtype == torch.bfloat16 else {}
+            _split_hold_kernel[(n_rows * chunks,)](
+                out, x, stats, sync, *args, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(), **cap, **common
             )
         else:
             _split_row_kernel[(n_rows * chunks,)](out, x, stats, sync, *args, **common)
