@@ -555,7 +555,7 @@ NOT_OPS = {
     "check_block_size", "check_num_warps", "check_elementwise", "check_out_overlap", "check_operands",
     "split_for", "split_chunk", "auto_candidates", "num_sms", "chosen_kernel", "candidates", "output_size",
     "weight_from_torch", "grad_wanted", "row_alignment", "bwd_config", "snug_tiles", "filling_tiles",
-    "tile_count", "leftover", "tail_block_n", "tile_coordinates", "planned", "check",
+    "tile_count", "leftover", "tail_block_n", "tile_coordinates", "planned", "check", "hold_registers",
 }  # fmt: skip
 
 
