@@ -614,7 +614,6 @@ def kernels() -> list[str]:
 GPU_ONLY_KERNELS = {
     "ch06_attention.online_softmax:_split_row_kernel",
     "ch06_attention.online_softmax:_split_lean_kernel",
-    "ch06_attention.online_softmax:_split_hold_kernel",
 }
 
 LAUNCHED: set[str] = set()  # "module:kernel" of each Triton kernel launched in this process

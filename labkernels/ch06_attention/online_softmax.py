@@ -309,6 +309,32 @@ def _exp2_shift(m):
 
 
 @triton.jit
+def _widen_again(w, DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """`_widen` once more, for the second pass of `_split_lean_kernel` with HOLD. On the GPU through inline
+    PTX marked impure, which the compiler may neither merge with the first widening nor move before the wait:
+    so nothing computed from the first widening stays in registers across the wait."""
+    if not PTX:  # the interpreter: no PTX, and no registers to save
+        even, odd = _widen(w, DTYPE)
+    elif DTYPE == tl.bfloat16:
+        even = tl.inline_asm_elementwise(
+            "shl.b32 $0, $1, 16;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
+        ).to(tl.float32, bitcast=True)
+        odd = tl.inline_asm_elementwise(
+            "and.b32 $0, $1, 0xFFFF0000;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
+        ).to(tl.float32, bitcast=True)
+    else:
+        even = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, lo; }",
+            "=f,r", [w], dtype=tl.float32, is_pure=False, pack=1,
+        )  # fmt: skip
+        odd = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, hi; }",
+            "=f,r", [w], dtype=tl.float32, is_pure=False, pack=1,
+        )  # fmt: skip
+    return even, odd
+
+
+@triton.jit
 def _split_lean_kernel(
     out_ptr,
     x_ptr,
@@ -323,13 +349,21 @@ def _split_lean_kernel(
     MAX_SPIN: tl.constexpr,
     NEG_INF: tl.constexpr,  # NEG_INF_WORD of the dtype
     PTX: tl.constexpr,
+    HOLD: tl.constexpr = False,  # hold the words, not the exponentials, across the wait (mode split_hold)
 ):
     """`_split_row_kernel` for 16-bit rows with fewer instructions an element (gpu_jobs/softmax_lean.py,
     ch06_softmax_lean.csv): the chunk held as 32-bit words of two elements; exp(x - m) as one fma
     (`_exp2_shift`) instead of a subtract and a multiply; in bfloat16 on the GPU, the chunk's max taken on
     the packed pairs before widening. It needs more registers a thread than the split kernel, so it pays at
     4 warps (fewer, larger programs); the tuning times it for bfloat16 rows and keeps it where it is faster
-    (rows of a million). Traffic as the split kernel: 2MN."""
+    (rows of a million). Traffic as the split kernel: 2MN.
+
+    HOLD (gpu_jobs/softmax_hold.py, ch06_softmax_hold.csv): kept as they are, the exponentials stay in fp32
+    across the wait, one register an element, so a 16384-element chunk takes about 166 registers a thread and
+    three programs fit an SM. With HOLD only the loaded words wait, half a register an element, and the
+    exponentials are computed again after the wait; launched under a register cap (`hold_registers`), five
+    programs fit, and while some wait the others keep loading. The price is a second exponential an element;
+    the arithmetic is the same, so the result is the same bit for bit."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     WORDS: tl.constexpr = BLOCK_SIZE // 2
     HALF_VEC: tl.constexpr = VEC // 2  # words a vector
@@ -353,92 +387,20 @@ def _split_lean_kernel(
     num_odd = tl.exp2(odd * a - b)
     total = tl.sum(num_even + num_odd, axis=0) * correction
     rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN) * correction
+    if HOLD:  # the words were all that waited: widen and exponentiate them again
+        even, odd = _widen_again(w, DTYPE, PTX)
+        num_even = tl.exp2(even * a - b)
+        num_odd = tl.exp2(odd * a - b)
     out = _narrow(num_even * rescale, num_odd * rescale, DTYPE, PTX)
     out_words = out_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * (out_row_vecs * HALF_VEC)
     tl.store(out_words + words, out, mask=mask)  # write N
 
 
-@triton.jit
-def _widen_again(w, DTYPE: tl.constexpr, PTX: tl.constexpr):
-    """`_widen` once more, for the second pass of `_split_hold_kernel`. On the GPU through inline PTX marked
-    impure, which the compiler may neither merge with the first widening nor move before the wait: so
-    nothing computed from the first widening stays in registers across the wait."""
-    if not PTX:  # the interpreter: no PTX, and no registers to save
-        return _widen(w, DTYPE)
-    if DTYPE == tl.bfloat16:
-        even = tl.inline_asm_elementwise(
-            "shl.b32 $0, $1, 16;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
-        ).to(tl.float32, bitcast=True)
-        odd = tl.inline_asm_elementwise(
-            "and.b32 $0, $1, 0xFFFF0000;", "=r,r", [w], dtype=tl.int32, is_pure=False, pack=1
-        ).to(tl.float32, bitcast=True)
-    else:
-        even = tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, lo; }",
-            "=f,r", [w], dtype=tl.float32, is_pure=False, pack=1,
-        )  # fmt: skip
-        odd = tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, hi; }",
-            "=f,r", [w], dtype=tl.float32, is_pure=False, pack=1,
-        )  # fmt: skip
-    return even, odd
-
-
-@triton.jit
-def _split_hold_kernel(
-    out_ptr,
-    x_ptr,
-    stats_ptr,
-    sync_ptr,
-    n_col_vecs,
-    x_row_vecs,
-    out_row_vecs,
-    BLOCK_SIZE: tl.constexpr,  # columns per chunk
-    CHUNKS: tl.constexpr,
-    VEC: tl.constexpr,  # an even number of 16-bit elements: rows are whole 32-bit words
-    MAX_SPIN: tl.constexpr,
-    NEG_INF: tl.constexpr,  # NEG_INF_WORD of the dtype
-    PTX: tl.constexpr,
-):
-    """`_split_lean_kernel` that holds only the words it loaded while it waits for the row's other chunks,
-    and exponentiates them again after the wait (gpu_jobs/softmax_hold.py, ch06_softmax_hold.csv).
-
-    The split kernels keep exp(x - m) in fp32 across the wait: one register an element, so a 16384-element
-    chunk takes about 166 registers a thread and three programs fit an SM. Held as words, the chunk takes half
-    a register an element; launched with a register cap (`hold_registers`) five programs fit, and while some
-    wait the others keep loading. The price is a second exponential an element. The arithmetic is the lean
-    kernel's, so the result is the same bit for bit. Traffic as the split kernel: read MN, write MN."""
-    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
-    WORDS: tl.constexpr = BLOCK_SIZE // 2
-    HALF_VEC: tl.constexpr = VEC // 2  # words a vector
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    row = ticket // CHUNKS
-    chunk = ticket % CHUNKS
-    row64 = row.to(tl.int64)
-    words = chunk * WORDS + tl.arange(0, WORDS)
-    mask = words < n_col_vecs * HALF_VEC
-    x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * (x_row_vecs * HALF_VEC)
-    w = tl.load(x_words + words, mask=mask, other=NEG_INF)  # read N: the only thing held across the wait
-    even, odd = _widen(w, DTYPE)
-    if PTX and DTYPE == tl.bfloat16:
-        pairs = tl.reduce(w, 0, _max_bf16_pairs)
-        pair_even, pair_odd = _widen(pairs, DTYPE)
-        m = tl.maximum(pair_even, pair_odd)
-    else:
-        m = tl.max(tl.maximum(even, odd), axis=0)
-    a, b, correction = _exp2_shift(m)
-    total = tl.sum(tl.exp2(even * a - b) + tl.exp2(odd * a - b), axis=0) * correction  # the first exp2s
-    rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN) * correction
-    even, odd = _widen_again(w, DTYPE, PTX)
-    out = _narrow(tl.exp2(even * a - b) * rescale, tl.exp2(odd * a - b) * rescale, DTYPE, PTX)  # the second
-    out_words = out_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row64 * (out_row_vecs * HALF_VEC)
-    tl.store(out_words + words, out, mask=mask)  # write N
-
-
 def hold_registers(block: int, warps: int) -> int:
-    """The register cap of `_split_hold_kernel` in bfloat16: the words a thread holds plus 32. Left to itself
-    ptxas allocates for the exponentials' peak (about 166 a thread at 16384 x 4 warps, as the lean kernel); at
-    this cap it schedules them in fewer registers without spilling (softmax_hold.py --registers)."""
+    """The register cap of `_split_lean_kernel` with HOLD, in bfloat16: the words a thread holds plus 32.
+    Left to itself ptxas allocates for the exponentials' peak (about 166 a thread at 16384 x 4 warps, as
+    without HOLD); at this cap it schedules them in fewer registers without spilling (softmax_hold.py
+    --registers)."""
     return block // (64 * warps) + 32
 
 
@@ -508,18 +470,15 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
         common = dict(BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, num_warps=warps)
         # The tuning chose split_lean or split_hold on contiguous rows; a view whose rows are not whole 32-bit
         # words (an odd row stride, an odd offset) gets the plain split kernel at the same block and warps.
-        words = x.element_size() == 2 and vec % 2 == 0
-        if mode == "split_lean" and words:
-            _split_lean_kernel[(n_rows * chunks,)](
-                out, x, stats, sync, *args, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(), **common
-            )
-        elif mode == "split_hold" and words:
+        if mode != "split" and x.element_size() == 2 and vec % 2 == 0:
+            hold = mode == "split_hold"
             # The cap is bfloat16's: float16's conversions need more registers and spill under it (the tuning
-            # offers this mode for bfloat16 only).
-            cap = {"maxnreg": hold_registers(block, warps)} if x.dtype == torch.bfloat16 else {}
-            _split_hold_kernel[(n_rows * chunks,)](
-                out, x, stats, sync, *args, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(), **cap, **common
-            )
+            # offers split_hold for bfloat16 only).
+            cap = {"maxnreg": hold_registers(block, warps)} if hold and x.dtype == torch.bfloat16 else {}
+            _split_lean_kernel[(n_rows * chunks,)](
+                out, x, stats, sync, *args, NEG_INF=NEG_INF_WORD[x.dtype], PTX=on_gpu(), HOLD=hold, **cap,
+                **common,
+            )  # fmt: skip
         else:
             _split_row_kernel[(n_rows * chunks,)](out, x, stats, sync, *args, **common)
     else:
