@@ -12,7 +12,10 @@ The second pass must not reuse the first pass's exponentials, or the compiler ke
 and the registers come back: the words are widened again by inline PTX marked impure (`_widen_again`), which
 the compiler may neither merge with the first widening nor move. The arithmetic is labkernels'
 `_split_lean_kernel`'s (`_exp2_shift`: one fma an element, its rounding folded into the chunk's factor), so
-the results equal the lean kernel's bit for bit: the test below checks that too.
+the results equal the lean kernel's bit for bit (the `differ_from_lean` field of each row counts the
+elements that differ). labkernels ships this kernel as online_softmax's mode `split_hold`
+(`_split_lean_kernel` with HOLD, capped by `hold_registers`); the copy here also has the variants of the
+second exponentials.
 
     python gpu_jobs/softmax_hold.py OUTDIR        # GPU: table on stdout, OUTDIR/results.csv
     python gpu_jobs/softmax_hold.py --registers   # no GPU: registers and programs an SM, compiled for sm_90
