@@ -621,7 +621,7 @@ def test_hold_softmax_records_hold_what_notebook_06_says():
     """ch06_softmax_hold: every hold variant but the diagnostic computed the softmax within tolerance, the
     MUFU one bit for bit as the lean kernel; uncapped it is no faster than lean, capped it is, and at
     1024 x 262144 each program more an SM is faster until the cap spills; the polynomial loses; without its
-    second exponentials the widest rows stay under 0.92; 4096 x 65536 reaches 0.9 and 1024 x 262144 does
+    second exponentials the widest rows only just pass 0.9; 4096 x 65536 reaches 0.9 and 1024 x 262144 does
     not."""
     from labkernels.results import load_reference
 
@@ -646,7 +646,7 @@ def test_hold_softmax_records_hold_what_notebook_06_says():
     ordered = sorted(fits, key=lambda r: r["programs/SM"])
     assert len(ordered) >= 4 and [r["of_copy"] for r in ordered] == sorted(r["of_copy"] for r in ordered)
     assert by_config[16384, 4, "72"]["spilled_bytes"] > 8 and by_config[16384, 4, "72"]["of_copy"] < 0.8
-    assert best[1024, "hold_none"] < 0.92
+    assert 0.9 < best[1024, "hold_none"] < 0.92  # "only just pass 0.9"
     assert best[1024, "hold"] < 0.9 <= max(r["fraction_of_same_size_copy"] for r in hold.where(
         rows=4096, cols=65536, variant="hold").rows)  # fmt: skip
 
