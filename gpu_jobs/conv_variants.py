@@ -56,7 +56,6 @@ from labkernels import launch_cache
 from labkernels.ch03_triton.matmul import _tile_coordinates
 from labkernels.ch04_libraries import conv
 from labkernels.ch04_libraries.bench_kernels import CONV_SHAPES, MODES
-from labkernels.ch04_libraries.splitk import _sum_splits_kernel
 from labkernels.lane import DEVICE, on_gpu
 
 SWEEP_SHAPES = [(32, 512, 7, 512, 3, 1, 1), (32, 128, 28, 128, 3, 1, 1)]  # furthest behind cuDNN in graphs
@@ -466,6 +465,18 @@ def _conv_split_kernel(
                     )
                 tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=mask)  # write MN
                 tl.atomic_xchg(count_ptr + tile, 0)  # counted out: ready for the next launch (graph replays)
+
+
+@triton.jit
+def _sum_splits_kernel(ws_ptr, c_ptr, MN, SPLIT, BLOCK: tl.constexpr):
+    """C = ws[0] + ws[1] + ... in that order (bitwise reproducible), cast to C's dtype; C contiguous. (The
+    second kernel of chapter 04's first split-K, which now adds its partials in the same launch.)"""
+    offs = tl.program_id(axis=0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)  # read split x MN fp32
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
 
 
 @triton.jit

@@ -428,20 +428,20 @@ def tf32_setup(M, N, K, device, smoke):
         if not fits(bm, bn, bk, stages):
             continue
         c = poisoned((M, N), torch.float32, device)
-        args = (a, bt.t(), c, c, M, N, K, chunk, *a.stride(), *bt.t().stride(), *c.stride())
+        args = (a, bt.t(), c, c, c, M, N, K, chunk, *a.stride(), *bt.t().stride(), *c.stride())
         meta = tile_meta(bm, bn, bk, stages, warps, group)
         meta |= {"INPUT_PRECISION": "tf32", "EVEN_K": K % bk == 0, "BIG": False, "MODE": "direct"}
         grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), 1)
         direct[f"k_major {bm}x{bn}x{bk} s{stages} w{warps} g{group}"] = Direct(
-            splitk._split_k_kernel, grid, args, meta, 4, c
+            splitk._split_k_kernel, grid, args, meta, 5, c
         )
-        jobs.append(job("splitk", "_split_k_kernel", args[:4], args[4:], meta))
+        jobs.append(job("splitk", "_split_k_kernel", args[:5], args[5:], meta))
     for cfg in splitk.K_MAJOR_CONFIGS:  # what the shipped autotuner compiles
         meta = cfg.all_kwargs() | {"INPUT_PRECISION": "tf32", "BIG": False, "MODE": "direct"}
         meta["EVEN_K"] = K % meta["BLOCK_SIZE_K"] == 0
         if fits(meta["BLOCK_SIZE_M"], meta["BLOCK_SIZE_N"], meta["BLOCK_SIZE_K"], cfg.num_stages):
-            args = (a, bt.t(), a, a, M, N, K, chunk, K, 1, 1, K, N, 1)
-            jobs.append(job("splitk", "_split_k_kernel", args[:4], args[4:], meta))
+            args = (a, bt.t(), a, a, a, M, N, K, chunk, K, 1, 1, K, N, 1)
+            jobs.append(job("splitk", "_split_k_kernel", args[:5], args[5:], meta))
     swapped = [("add0", *SMOKE_TILE), ("none", *SMOKE_TILE)] if smoke else SWAPPED
     for form, bm, bn, bk, stages, warps, group in swapped:
         if not fits(bm, bn, bk, stages):
@@ -536,15 +536,15 @@ def bf16_setup(M, N, K, device, dtype, smoke):
         meta = cfg.all_kwargs() | {"HAS_BIAS": False, "ACTIVATION": None, "NUM_PROGRAMS": sms}
         jobs.append(job("ch03", "_matmul_tma_persistent", (a, b, a, a), (M, N, K, K, N, N), meta))
     ws = torch.empty(1, device=device, dtype=torch.float32)
+    flags = torch.empty(1, device=device, dtype=torch.int32)
     for split in (2, 3, 4):
         chunk = splitk.split_chunk(K, split)
         for cfg in splitk.SPLIT_K_CONFIGS:
-            for mode in ("partials", "atomic"):
+            for mode in ("ordered", "atomic"):
                 meta = cfg.all_kwargs() | {"INPUT_PRECISION": "ieee", "BIG": False, "MODE": mode}
                 meta["EVEN_K"] = K % meta["BLOCK_SIZE_K"] == 0
-                jobs.append(job("splitk", "_split_k_kernel", (a, b, a, ws), (M, N, K, chunk, *strides), meta))
-    jobs.append(job("splitk", "_sum_splits_kernel", (ws, a), (M * N, 1), {"BLOCK": 1024}))
-    flags = torch.empty(1, device=device, dtype=torch.int32)
+                tensors = (a, b, a, ws, flags)
+                jobs.append(job("splitk", "_split_k_kernel", tensors, (M, N, K, chunk, *strides), meta))
     for cfg in splitk.STREAM_K_CONFIGS:
         meta = cfg.all_kwargs() | {"INPUT_PRECISION": "ieee", "BIG": False, "NUM_PROGRAMS": sms}
         meta["EVEN_K"] = K % meta["BLOCK_SIZE_K"] == 0

@@ -316,9 +316,10 @@ def _ch04_matmul():
     m, n, k = 37, 29, 600  # K = 2 full 256-chunks and a short one: the split tail
     a, b = rand(m, k, dtype=dtype), rand(k, n, dtype=dtype)
     ref, tol = a.double() @ b.double(), MATMUL_TOL[dtype] * 4  # K = 600: larger sums than ch03's
-    for deterministic in (False, True):  # atomics into C, or partials summed by _sum_splits_kernel
-        got = matmul(a, b, kernel="split_k", split_k=3, deterministic=deterministic)
-        close(got, ref, f"split_k deterministic={deterministic}", tol)
+    for deterministic in (False, True):  # atomics into one sum, or partials added in split order
+        for call in ("first", "second"):  # the second: the kept plan, on what the first launch left reset
+            got = matmul(a, b, kernel="split_k", split_k=3, deterministic=deterministic)
+            close(got, ref, f"split_k deterministic={deterministic}, {call} call", tol)
     close(matmul(a, b, kernel="stream_k"), ref, "stream_k", tol)
     close(matmul(a, b, kernel="wave_tail"), ref, "wave_tail", tol)  # one launch: fewer tiles than SMs
     close(matmul(a, b, kernel="k_major"), ref, "k_major", tol)

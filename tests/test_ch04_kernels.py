@@ -215,9 +215,48 @@ class _PoisonedTorch:
 )
 def test_matmul_poisoned_buffers(monkeypatch, kernel, options):
     monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
-    monkeypatch.setattr(splitk, "_stream_k_scratch", {})  # fresh, poisoned partial-tile slots
+    monkeypatch.setattr(splitk, "_scratch_buffers", {})  # fresh workspaces: the partials poisoned
     a, b = _operands(37, 21, 301)
     _assert_matmul(matmul(a, b, kernel=kernel, **options), a, b, MATMUL_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_split_k_leaves_its_workspace_ready_for_the_next_launch(monkeypatch, deterministic):
+    """One launch: the program that takes a tile's last ticket adds the partials, stores C and resets the
+    ticket (with atomics, it also zeroes the sum). So call after call on fresh operands of one shape (the
+    kept plan's path after the first), C is right, and the tickets and the atomic sum are back at 0. The
+    partials' slots start poisoned: one read before it is written shows as NaN."""
+    monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
+    monkeypatch.setattr(splitk, "_scratch_buffers", {})
+    for _ in range(3):
+        a, b = _operands(29, 70, 900)
+        _assert_matmul(matmul(a, b, kernel="split_k", split_k=4, deterministic=deterministic), a, b,
+                       MATMUL_TOL[torch.float32])  # fmt: skip
+    names = {key[2]: buffer for key, buffer in splitk._scratch_buffers.items()}
+    assert set(names) == {"split_k tickets", "split_k partials" if deterministic else "split_k sum"}
+    for name in ("split_k tickets", "split_k sum"):
+        if name in names:
+            assert not names[name].any(), f"{name} left non-zero"
+
+
+def test_a_kept_plan_changes_nothing_the_checks_and_autograd_decide():
+    """Later calls with the same key skip the checks: the key must hold what they read. deterministic=1
+    and split_k=True hash like True and 1 but are refused; an operand 4 bytes off 16-byte alignment is
+    another key; an operand that requires grad still gets a backward."""
+    a, b = _operands(19, 45, 300)
+    matmul(a, b, kernel="split_k", split_k=1, deterministic=True)
+    with pytest.raises(TypeError, match="deterministic"):
+        matmul(a, b, kernel="split_k", split_k=1, deterministic=1)
+    with pytest.raises(ValueError, match="split_k must be"):
+        matmul(a, b, kernel="split_k", split_k=True, deterministic=True)
+    shifted = torch.randn(a.numel() + 1, device=DEVICE)[1:].view(a.shape)
+    _assert_matmul(matmul(shifted, b, kernel="split_k", split_k=1, deterministic=True), shifted, b,
+                   MATMUL_TOL[torch.float32])  # fmt: skip
+    grad_a = a.clone().requires_grad_()
+    c = matmul(grad_a, b, kernel="split_k", split_k=1, deterministic=True)
+    assert c.grad_fn is not None
+    c.sum().backward()
+    torch.testing.assert_close(grad_a.grad.double(), b.double().sum(1).expand(19, -1), atol=1e-3, rtol=1e-4)
 
 
 def test_wave_tail_leftover_is_the_rectangle_of_the_last_tiles():

@@ -5,11 +5,15 @@ and 128-wide tiles that is 32 programs for 132 SMs: a quarter of the machine doe
 rest idles. Two ways to cut the work finer, both along K:
 
 - **split-K** ("split_k"): each tile's K range is cut into `split` chunks, one program per (tile, chunk),
-  each writing an fp32 partial sum. `deterministic=True` writes the partials to a workspace of
-  split x M x N fp32 values and a second kernel adds them in a fixed order (split 0, 1, 2, ...), so the
-  result is bitwise the same on every run; `deterministic=False` adds them with fp32 atomics into one
-  M x N workspace (zeroed first), in whatever order the programs finish, then casts it to the output dtype.
-  Extra traffic: the partials, write + read split x M x N x 4 bytes (mostly in L2 for skinny shapes).
+  each leaving an fp32 partial sum in a workspace and then taking a ticket (an atomic count per tile). The
+  program that takes a tile's last ticket adds the partials up, stores the tile of C and resets the ticket:
+  one launch, and no program waits for another. `deterministic=True` keeps the partials in split x M x N
+  slots and adds them in split order (0, 1, 2, ...), so the result is bitwise the same whichever program
+  comes last; `deterministic=False` adds them with fp32 atomics into one M x N sum as they come (the last
+  program reads it, stores C and zeroes it for the next launch), less traffic but an order that varies.
+  Extra traffic: the partials, write + read split x M x N x 4 bytes (in L2 for skinny shapes).
+  A first version launched up to three kernels per call (zero the workspace, partials, sum or cast):
+  as fast on the GPU, but each launch costs the host more than a skinny matmul takes.
 - **stream-K** ("stream_k"): one program per SM; the total work, tiles x K-steps, is cut into equal
   contiguous ranges, one per program, so every SM gets the same number of K-steps whatever the tile count.
   A range may start or end inside a tile: the program that computes a tile's *last* K-step adds the
@@ -46,12 +50,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from labkernels import launch_cache
 from labkernels.ch02_strides.triton_strided import copy_2d_tiled
 from labkernels.ch03_triton import matmul as ch03
 from labkernels.ch03_triton.matmul import _tile_coordinates, check_operands  # grouped order, as ch03 teaches
@@ -239,18 +245,26 @@ def _store_tile(
 
 @triton.jit
 def _split_k_kernel(
-    a_ptr, b_ptr, c_ptr, ws_ptr, M, N, K, K_SPLIT,
+    a_ptr, b_ptr, c_ptr, ws_ptr, tickets_ptr, M, N, K, K_SPLIT,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
     EVEN_K: tl.constexpr, BIG: tl.constexpr,
-    MODE: tl.constexpr,  # "direct": one split, store C; "partials": store ws[split]; "atomic": add into ws
+    MODE: tl.constexpr,  # "direct": one split, store C; "ordered": partials in ws[split]; "atomic": one sum
     ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of it (`ch03.row_alignment`)
 ):  # fmt: skip
-    """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT)."""
-    pid_m, pid_n = _tile_coordinates(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT).
+    With several splits, each program leaves its fp32 partial in the workspace and takes a ticket (an
+    atomic count per tile); the one that takes the tile's last ticket adds the partials up, stores the tile
+    of C and resets what the next launch needs reset. No program waits for another, and it is one launch.
+    "ordered": the partials sit in their own slots, ws[split], and are added in split order: bitwise the
+    same result whichever program comes last. "atomic": they are added as they come into one fp32 sum
+    (ws, kept at zero between launches): less traffic, the order (so the last bits) varies."""
+    tile = tl.program_id(axis=0)
+    pid_m, pid_n = _tile_coordinates(tile, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
     split = tl.program_id(axis=1)
+    splits = tl.num_programs(axis=1)
     steps_per_split = K_SPLIT // BLOCK_SIZE_K
     k_lo = split * steps_per_split
     k_hi = tl.minimum(k_lo + steps_per_split, tl.cdiv(K, BLOCK_SIZE_K))
@@ -258,32 +272,35 @@ def _split_k_kernel(
         a_ptr, b_ptr, pid_m, pid_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
         INPUT_PRECISION, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, EVEN_K, BIG, ALIGN,
     )  # fmt: skip
-    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    if BIG:
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-        split = split.to(tl.int64)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if MODE == "direct":
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
-    elif MODE == "partials":
-        ws_ptrs = ws_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(ws_ptrs, acc, mask=mask)  # write split x MN fp32
+        _store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BIG)
     else:
-        tl.atomic_add(ws_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask, sem="relaxed")
-
-
-@triton.jit
-def _sum_splits_kernel(ws_ptr, c_ptr, MN, SPLIT, BLOCK: tl.constexpr):
-    """C = ws[0] + ws[1] + ... in that order (bitwise reproducible), cast to C's dtype; C contiguous."""
-    offs = tl.program_id(axis=0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)  # read split x MN fp32
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
+        offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        if BIG:
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+            split = split.to(tl.int64)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        in_ws = offs_m[:, None] * N + offs_n[None, :]  # the workspace is (splits or 1, M, N), contiguous
+        if MODE == "ordered":
+            tl.store(ws_ptr + split * M * N + in_ws, acc, mask=mask)  # write BM x BN fp32 (to L2, mostly)
+        else:
+            tl.atomic_add(ws_ptr + in_ws, acc, mask=mask, sem="relaxed")  # read + write BM x BN fp32 in L2
+        tl.debug_barrier()  # every thread's part is in before the ticket says so
+        if tl.atomic_add(tickets_ptr + tile, 1) == splits - 1:  # acq_rel: the others' parts are visible
+            total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            if MODE == "ordered":
+                for s in range(splits):  # in split order, bitwise the same whichever program is last
+                    # read BM x BN fp32 a split (.cg: from L2, where the other SMs' stores are)
+                    total += tl.load(ws_ptr + s * M * N + in_ws, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                total = tl.load(ws_ptr + in_ws, mask=mask, other=0.0, cache_modifier=".cg")  # read BM x BN
+                tl.store(ws_ptr + in_ws, tl.zeros_like(total), mask=mask)  # zero again for the next launch
+            _store_tile(
+                c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BIG
+            )  # write BM x BN
+            tl.atomic_xchg(tickets_ptr + tile, 0)  # counted out: ready for the next launch (graph replays)
 
 
 @triton.jit
@@ -400,6 +417,9 @@ _k_major_tma_tuned = triton.autotune(
 )(_k_major_tma_kernel)
 
 
+Launcher = Callable[..., None]
+
+
 class _Tuned(NamedTuple):
     config: triton.Config
     meta: dict  # constexprs and launch options: the config's, the call's, EVEN_K
@@ -410,15 +430,19 @@ class _Tuned(NamedTuple):
 _tuned: dict[tuple, _Tuned] = {}
 
 
-def _launch(key: tuple, autotuned, jitted, grid_of, args: tuple, options: dict, K: int) -> None:
+def _launch(key: tuple, autotuned, jitted, grid_of, args: tuple, options: dict, K: int) -> Launcher | None:
+    """Launch with this key's tuned config (the first call of a key tunes: the autotuner times every config
+    and launches the best). Returns a launcher for the next calls whose leading tensors differ and whose
+    shapes, strides, alignment and options are the same (`launch_cache.launch`), or None after tuning."""
     tuned = _tuned.get(key)
     if tuned is not None:  # the key holds the sizes, not the strides: this call's ALIGN
-        jitted[grid_of(tuned.meta)](*args, **(tuned.meta | {"ALIGN": options["ALIGN"]}))
-        return
+        meta = tuned.meta | {"ALIGN": options["ALIGN"]}
+        return launch_cache.launch(jitted, grid_of(meta), args, meta)
     autotuned[grid_of](*args, **options)  # times every config the first time, then launches the best
     meta = autotuned.best_config.all_kwargs() | options
     meta["EVEN_K"] = _even_k({"K": K, **meta})
     _tuned[key] = _Tuned(autotuned.best_config, meta)
+    return None
 
 
 @functools.cache
@@ -428,22 +452,44 @@ def num_sms(device: torch.device = DEVICE) -> int:
     return sm_count(device)
 
 
-_stream_k_scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_scratch_buffers: dict[tuple, torch.Tensor] = {}
+
+
+def _scratch(device: torch.device, name: str, numel: int, dtype: torch.dtype, zeroed: bool = True):
+    """A buffer of at least `numel` elements per device, stream and name, kept across calls. `zeroed`: zeros
+    when allocated, and the kernels that use it leave it at zero (tickets, flags, the atomic sum), so later
+    launches and CUDA-graph replays need no memset. Per stream, because kernels on two streams may run at
+    once; one stream runs its launches one after the other."""
+    key = (device, _current_stream(device), name)
+    buffer = _scratch_buffers.get(key)
+    if buffer is None or buffer.numel() < numel:
+        allocate = torch.zeros if zeroed else torch.empty
+        buffer = _scratch_buffers[key] = allocate(numel, device=device, dtype=dtype)
+    return buffer
+
+
+def _current_stream(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher asks, cheaply
+    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def _stream_k_buffers(device: torch.device, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per device and stream: a partial-tile slot (the largest config's tile) and a flag per program. Flags
-    start at 0 and every launch leaves them at 0 (each finisher resets those it consumed), so they are
-    allocated once, and graph replays stay correct. One stream runs one stream-K launch at a time."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream, programs)
-    if key not in _stream_k_scratch:
-        largest = max(
-            c.kwargs["BLOCK_SIZE_M"] * c.kwargs["BLOCK_SIZE_N"] for c in STREAM_K_CONFIGS + CPU_CONFIGS
-        )
-        ws = torch.empty(programs * largest, device=device, dtype=torch.float32)
-        _stream_k_scratch[key] = (ws, torch.zeros(programs, device=device, dtype=torch.int32))
-    return _stream_k_scratch[key]
+    """A partial-tile slot per program (the largest config's tile) and a flag per program. Flags start at 0
+    and every launch leaves them at 0 (each finisher resets those it consumed)."""
+    largest = max(c.kwargs["BLOCK_SIZE_M"] * c.kwargs["BLOCK_SIZE_N"] for c in STREAM_K_CONFIGS + CPU_CONFIGS)
+    slots = _scratch(device, "stream_k slots", programs * largest, torch.float32, zeroed=False)
+    return slots, _scratch(device, "stream_k flags", programs, torch.int32)
+
+
+def _split_k_buffers(device: torch.device, mode: str, split: int, M: int, N: int):
+    """(workspace, tickets) for a split-K launch: split x M x N fp32 partials ("ordered") or one M x N fp32
+    sum kept at zero ("atomic"), and a ticket per tile, for the smallest tiles on offer (16 x 16)."""
+    tickets = _scratch(device, "split_k tickets", triton.cdiv(M, 16) * triton.cdiv(N, 16), torch.int32)
+    if mode == "ordered":
+        return _scratch(device, "split_k partials", split * M * N, torch.float32, zeroed=False), tickets
+    return _scratch(device, "split_k sum", M * N, torch.float32), tickets
 
 
 def _span(t: torch.Tensor) -> int:
@@ -455,69 +501,52 @@ def _tiles(M: int, N: int, meta: dict) -> int:
     return triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
 
 
-def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> None:
-    """split == 1: one kernel storing C. Else the partials kernel and the fixed-order sum (deterministic),
-    or atomics into a zeroed fp32 workspace and a cast (not)."""
+def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> Launcher | None:
+    """One launch of `_split_k_kernel`: split == 1 stores C directly; else the partials are added by the
+    program that takes each tile's last ticket, in split order (deterministic) or as they come (atomics).
+    Returns run(a, b, c) for the next calls with operands of the same shapes, strides and alignment (None
+    after a call that tuned)."""
     (M, K), N = a.shape, b.shape[1]
     chunk = split_chunk(K, split)
     split = triton.cdiv(K, chunk)  # rounding the chunk up may leave fewer splits
+    mode = "direct" if split == 1 else "ordered" if deterministic else "atomic"
     strides = (*a.stride(), *b.stride(), *c.stride())
     align = ch03.row_alignment(N, strides)
-    options = {"INPUT_PRECISION": precision, "BIG": big, "ALIGN": align}
+    options = {"INPUT_PRECISION": precision, "BIG": big, "ALIGN": align, "MODE": mode}
     kind = "k_major" if autotuned is _k_major_tuned else "split_k"
-    key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big)
+    key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big, mode)
     grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
-    if split == 1:
-        _launch(
-            key,
-            autotuned,
-            _split_k_kernel,
-            grid,
-            (a, b, c, c, M, N, K, chunk, *strides),
-            options | {"MODE": "direct"},
-            K,
-        )
-        return
-    if key not in _tuned:  # tune on the partials mode: timing atomics would add every trial into the sum
-        ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)
-        _launch(
-            key,
-            autotuned,
-            _split_k_kernel,
-            grid,
-            (a, b, c, ws, M, N, K, chunk, *strides),
-            options | {"MODE": "partials"},
-            K,
-        )
-    meta = _tuned[key].meta | {"ALIGN": align}
-    if deterministic:
-        ws = torch.empty((split, M, N), device=a.device, dtype=torch.float32)  # write + read split x MN x 4
-        _split_k_kernel[grid(meta)](a, b, c, ws, M, N, K, chunk, *strides, **(meta | {"MODE": "partials"}))
-        _sum(ws, c, split)
-        return
-    direct = c.dtype == torch.float32 and c.is_contiguous()
-    ws = c.zero_() if direct else torch.zeros((M, N), device=a.device, dtype=torch.float32)
-    _split_k_kernel[grid(meta)](a, b, c, ws, M, N, K, chunk, *strides, **(meta | {"MODE": "atomic"}))
-    if not direct:
-        _sum(ws, c, 1)  # the cast: read MN fp32, write MN
+    device = a.device
+    ws, tickets = (c, c) if mode == "direct" else _split_k_buffers(device, mode, split, M, N)
+    args = (a, b, c, ws, tickets, M, N, K, chunk, *strides)
+    launcher = _launch(key, autotuned, _split_k_kernel, grid, args, options, K)
+    if launcher is None:
+        return None
+    if mode == "direct":
+        return lambda a, b, c: launcher(a, b, c, c, c)  # read MK + KN, write MN
+
+    def run(a, b, c):  # read MK + KN, write (and read) the partials in L2, write MN
+        launcher(a, b, c, *_split_k_buffers(device, mode, split, M, N))
+
+    return run
 
 
-def _sum(ws: torch.Tensor, c: torch.Tensor, split: int) -> None:
-    block = 1024 if on_gpu() else 4096
-    _sum_splits_kernel[(triton.cdiv(c.numel(), block),)](ws, c, c.numel(), split, BLOCK=block)
-
-
-def _run_stream_k(a, b, c, precision, big) -> None:
+def _run_stream_k(a, b, c, precision, big) -> Launcher | None:
+    """One launch of `_stream_k_kernel`; returns run(a, b, c) for the next calls of these shapes, strides
+    and alignment (None after a call that tuned)."""
     (M, K), N = a.shape, b.shape[1]
-    programs = num_sms(a.device)
-    ws, flags = _stream_k_buffers(a.device, programs)
+    device, programs = a.device, num_sms(a.device)
+    ws, flags = _stream_k_buffers(device, programs)
     strides = (*a.stride(), *b.stride(), *c.stride())
     args = (a, b, c, ws, flags, M, N, K, *strides)
     align = ch03.row_alignment(N, strides)
     options = {"INPUT_PRECISION": precision, "BIG": big, "NUM_PROGRAMS": programs, "ALIGN": align}
     key = ("stream_k", M, N, K, a.dtype, precision, big)
     grid = lambda meta: (min(programs, _tiles(M, N, meta) * triton.cdiv(K, meta["BLOCK_SIZE_K"])),)  # noqa: E731
-    _launch(key, _stream_k_tuned, _stream_k_kernel, grid, args, options, K)
+    launcher = _launch(key, _stream_k_tuned, _stream_k_kernel, grid, args, options, K)
+    if launcher is None:
+        return None
+    return lambda a, b, c: launcher(a, b, c, *_stream_k_buffers(device, programs))  # read MK + KN, write MN
 
 
 def _tma_fits(a: torch.Tensor, bt: torch.Tensor) -> bool:
@@ -629,32 +658,61 @@ def _ch03_kernel(a, b, allow_tf32) -> str:
 
 
 def _forward(a, b, kernel, split_k, deterministic, allow_tf32) -> torch.Tensor:
+    return _planned(a, b, kernel, split_k, deterministic, allow_tf32)[0]
+
+
+Plan = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _planned(a, b, kernel, split_k, deterministic, allow_tf32) -> tuple[torch.Tensor, Plan | None]:
+    """C, and plan(a, b) -> C for the next calls with operands of the same shapes, strides, dtypes, device and
+    alignment: the kernel chosen, the checks passed and the launch prepared (None: nothing to keep yet)."""
     (M, K), N = a.shape, b.shape[1]
     if M == 0 or N == 0 or K == 0:  # an empty sum is 0; nothing to launch
-        return torch.zeros((M, N), device=a.device, dtype=a.dtype)
+        return torch.zeros((M, N), device=a.device, dtype=a.dtype), None
     kernel = _resolve(kernel, a, b, split_k, allow_tf32)
     precision = "tf32" if allow_tf32 and a.dtype == torch.float32 else "ieee"
-    if kernel == "ch03" or kernel in CH03_KERNELS:
-        return ch03.matmul(a, b, input_precision=precision, kernel="auto" if kernel == "ch03" else kernel)
+    if kernel == "ch03" or kernel in CH03_KERNELS:  # chapter 03 keeps its own prepared launches
+        ch03_kernel = "auto" if kernel == "ch03" else kernel
+        plan = functools.partial(ch03.matmul, input_precision=precision, kernel=ch03_kernel)
+        return plan(a, b), plan
     if kernel == "wave_tail":  # chapter 03's tiles, and the leftover ones narrower, in one launch
-        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-        wave_tail._run(a, b, c, precision, num_sms(a.device))  # checked, c allocated just above
-        return c
-    if precision == "tf32" or kernel == "k_major":
+        sms = num_sms(a.device)
+
+        def plan(a, b):
+            c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+            wave_tail._run(a, b, c, precision, sms)  # checked, c allocated just above; keeps its launcher
+            return c
+
+        return plan(a, b), plan
+    copy_b = (precision == "tf32" or kernel == "k_major") and not _is_k_major(b)
+    if copy_b:
         b = _k_major(b)
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     big = max(_span(a), _span(b), M * N) >= INT32_LIMIT
     if kernel == "stream_k":
-        _run_stream_k(a, b, c, precision, big)
-        return c
+        return c, _plan(_run_stream_k(a, b, c, precision, big), M, N, copy_b)
     if kernel == "k_major" and K_MAJOR_TMA and _tma_fits(a, b.t()):
         _run_k_major_tma(a, b, c, precision, big)
-        return c
+        resolved = functools.partial(_forward, kernel=kernel, split_k=None, deterministic=False)
+        return c, functools.partial(resolved, allow_tf32=allow_tf32)  # no checks, no choice: the launch
     split = 1 if kernel == "k_major" else (split_k or split_for(M, N, K, num_sms(a.device)))
     big = big or (split > 1 and split * M * N >= INT32_LIMIT)  # the partials' workspace
     autotuned = _k_major_tuned if kernel == "k_major" else _split_k_tuned
-    _run_split_k(a, b, c, precision, split, deterministic, big, autotuned)
-    return c
+    return c, _plan(_run_split_k(a, b, c, precision, split, deterministic, big, autotuned), M, N, copy_b)
+
+
+def _plan(run: Launcher | None, M: int, N: int, copy_b: bool) -> Plan | None:
+    """plan(a, b): allocate C and launch with `run(a, b, c)`, B copied K-major first where the call did."""
+    if run is None:
+        return None
+
+    def plan(a, b):
+        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+        run(a, _k_major(b) if copy_b else b, c)
+        return c
+
+    return plan
 
 
 class _Matmul(torch.autograd.Function):
@@ -693,13 +751,40 @@ def matmul(
     launch) and "k_major" (B read K-major) are this chapter's; "auto" picks per shape
     (`auto_candidates`, then a one-time timing where several remain; `chosen_kernel` says which).
     deterministic: split-K adds its partials in a fixed order (bitwise reproducible) instead of with
-    atomics. The other kernels are deterministic anyway. allow_tf32: fp32 inputs use TF32 tensor cores
-    (10-bit mantissa products, ~1e-3 relative error). Inputs that require grad get a backward
-    (dA = dC B^T, dB = A^T dC, by this same matmul)."""
+    atomics, in the same one launch. The other kernels are deterministic anyway. allow_tf32: fp32 inputs
+    use TF32 tensor cores (10-bit mantissa products, ~1e-3 relative error). Inputs that require grad get a
+    backward (dA = dC B^T, dB = A^T dC, by this same matmul). Later calls with operands of the same shapes,
+    strides, dtypes and alignment skip the checks and the choice: they allocate C and launch."""
+    wants_grad = False
+    try:
+        wants_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+        plan_key = None if wants_grad else _plan_key(a, b, kernel, split_k, deterministic, allow_tf32)
+        known = _plans.get(plan_key)
+    except Exception:  # not tensors, unhashable options, tensors without storage: the checks say so
+        plan_key = known = None
+    if known is not None:
+        return known(a, b)  # checked and chosen on an earlier call with the same key
     _check(a, b, kernel, split_k, deterministic, allow_tf32)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+    if wants_grad:
         return _Matmul.apply(a, b, kernel, split_k, deterministic, allow_tf32)
-    return _forward(a, b, kernel, split_k, deterministic, allow_tf32)
+    c, plan = _planned(a, b, kernel, split_k, deterministic, allow_tf32)
+    if plan is not None and plan_key is not None:
+        _plans[plan_key] = plan
+    return c
+
+
+# What a plain call would recompute, kept per key: the checks passed, the kernel chosen, the launch prepared
+# (a thin launcher where `labkernels.launch_cache` can build one). Emptied when thin launches are switched.
+_plans = launch_cache.KeyedLaunches()
+
+
+def _plan_key(a, b, kernel, split_k, deterministic, allow_tf32) -> tuple:
+    """Everything the checks, the kernel choice and Triton's specialization read from the arguments (types
+    too: True == 1, but only True passes the checks)."""
+    key = (a.shape, a.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0)
+    key += (b.shape, b.stride(), b.dtype, b.device, b.data_ptr() % 16 == 0)
+    options = (kernel, split_k, deterministic, allow_tf32)
+    return key + tuple(type(o) for o in options) + options
 
 
 def chosen_kernel(a: torch.Tensor, b: torch.Tensor, *, allow_tf32: bool = False) -> str:
