@@ -220,18 +220,19 @@ def test_matmul_poisoned_buffers(monkeypatch, kernel, options):
     _assert_matmul(matmul(a, b, kernel=kernel, **options), a, b, MATMUL_TOL[torch.float32])
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_split_k_leaves_its_workspace_ready_for_the_next_launch(monkeypatch, deterministic):
+@pytest.mark.parametrize("deterministic, split, k", [(True, 4, 900), (True, 19, 19 * 256), (False, 4, 900)])
+def test_split_k_leaves_its_workspace_ready_for_the_next_launch(monkeypatch, deterministic, split, k):
     """One launch: the program that takes a tile's last ticket adds the partials, stores C and resets the
-    ticket (with atomics, it also zeroes the sum). So call after call on fresh operands of one shape (the
-    kept plan's path after the first), C is right, and the tickets and the atomic sum are back at 0. The
-    partials' slots start poisoned: one read before it is written shows as NaN."""
+    ticket (with atomics, it also zeroes the sum; 19 ordered splits are added in groups of SUM_GROUP, then
+    the groups, the last group short). So call after call on fresh operands of one shape (the kept plan's
+    path after the first), C is right, and the tickets and the atomic sum are back at 0. The partials'
+    slots start poisoned: one read before it is written shows as NaN."""
     monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
     monkeypatch.setattr(splitk, "_scratch_buffers", {})
     for _ in range(3):
-        a, b = _operands(29, 70, 900)
-        _assert_matmul(matmul(a, b, kernel="split_k", split_k=4, deterministic=deterministic), a, b,
-                       MATMUL_TOL[torch.float32])  # fmt: skip
+        a, b = _operands(29, 70, k)
+        c = matmul(a, b, kernel="split_k", split_k=split, deterministic=deterministic)
+        _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
     names = {key[2]: buffer for key, buffer in splitk._scratch_buffers.items()}
     assert set(names) == {"split_k tickets", "split_k partials" if deterministic else "split_k sum"}
     for name in ("split_k tickets", "split_k sum"):
@@ -416,6 +417,24 @@ def test_matmul_16bit_gpu(shape, dtype):
         _assert_matmul(out, a, b, MATMUL_TOL[dtype])
     first = matmul(a, b, kernel="split_k", deterministic=True)
     assert torch.equal(first, matmul(a, b, kernel="split_k", deterministic=True))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(
+    "shape, split", [((16, 4096, 4096), None), ((1024, 1024, 1024), 2), ((128, 128, 65536), None)]
+)
+def test_split_k_calls_in_a_row_gpu(shape, split, deterministic):
+    """Many programs finish a tile at once on a GPU: every call right, call after call (the kept plan, the
+    workspace left reset by the previous launch), for the atomic sum, the ordered slots and, at 128 splits,
+    the ordered slots in groups. On the H200, before `_publish` fenced, the atomic sum came out wrong."""
+    a, b = _operands(*shape, torch.bfloat16)
+    for i in range(20):
+        if i % 5 == 0:
+            a.normal_(), b.normal_()
+        c = matmul(a, b, kernel="split_k", split_k=split, deterministic=deterministic)
+        _assert_matmul(c, a, b, MATMUL_TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu

@@ -72,6 +72,7 @@ INT32_LIMIT = 2**31
 K_MAJOR_TMA = True  # "k_major" loads through TMA where the operands allow it (`_tma_fits`)
 SPLIT_K_GRANULE = 256  # each split's K range is a multiple of this, so of every BLOCK_SIZE_K below
 MAX_SPLIT = 128
+SUM_GROUP = tl.constexpr(8)  # deterministic split-K adds its partials in groups of this many, then the groups
 REFERENCE_TILE = 128  # the tile the auto rule counts with (the common size in chapter 03's winners)
 
 
@@ -244,6 +245,31 @@ def _store_tile(
 
 
 @triton.jit
+def _publish(token, PTX: tl.constexpr):
+    """Every thread's writes so far reach the whole GPU before any thread of the program passes the barrier
+    (CUDA's `__threadfence(); __syncthreads();`), so the ticket one thread takes after it vouches for all of
+    them. Without the fence, a thread's atomics may still be on their way to L2 when the ticket lands: on the
+    H200 the program that summed the tile then read sums that lacked some partials. Also on the reading
+    side, after the ticket: no read is served before the ticket was seen."""
+    if PTX:  # the interpreter runs one program at a time, in order: nothing to fence
+        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [token], dtype=tl.int32,
+                                  is_pure=False, pack=1)  # fmt: skip
+    tl.debug_barrier()
+
+
+@triton.jit
+def _add_slots(
+    ws_ptr, first, count, stride, in_ws, mask, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr
+):
+    """ws[first] + ws[first + stride] + ... (count slots of M x N fp32), in that order: read count x BM x BN
+    (.cg: from L2, where the other SMs' writes are)."""
+    total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for i in range(count):
+        total += tl.load(ws_ptr + (first + i * stride) + in_ws, mask=mask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def _split_k_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, tickets_ptr, M, N, K, K_SPLIT,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -253,14 +279,18 @@ def _split_k_kernel(
     EVEN_K: tl.constexpr, BIG: tl.constexpr,
     MODE: tl.constexpr,  # "direct": one split, store C; "ordered": partials in ws[split]; "atomic": one sum
     ALIGN: tl.constexpr = 1,  # N and the row strides are multiples of it (`ch03.row_alignment`)
+    PTX: tl.constexpr = False,  # the GPU lane: `_publish` fences
 ):  # fmt: skip
     """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT).
     With several splits, each program leaves its fp32 partial in the workspace and takes a ticket (an
     atomic count per tile); the one that takes the tile's last ticket adds the partials up, stores the tile
     of C and resets what the next launch needs reset. No program waits for another, and it is one launch.
-    "ordered": the partials sit in their own slots, ws[split], and are added in split order: bitwise the
-    same result whichever program comes last. "atomic": they are added as they come into one fp32 sum
-    (ws, kept at zero between launches): less traffic, the order (so the last bits) varies."""
+    "atomic": the partials are added as they come into one fp32 sum (ws, kept at zero between launches):
+    the order, so the last bits, varies. "ordered": each partial has its own slot, ws[split], and they are
+    added in a fixed order, so the result is bitwise the same whichever program comes last; in two levels,
+    so that one program never reads more than SUM_GROUP + splits / SUM_GROUP slots: the last program of each
+    group of SUM_GROUP splits adds its group's slots into the group's first slot (group tickets), and the
+    last group to finish adds the group sums (tile tickets, after the tiles x groups group tickets)."""
     tile = tl.program_id(axis=0)
     pid_m, pid_n = _tile_coordinates(tile, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
     split = tl.program_id(axis=1)
@@ -277,30 +307,51 @@ def _split_k_kernel(
     else:
         offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
         offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        MN = M * N
         if BIG:
             offs_m = offs_m.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
-            split = split.to(tl.int64)
+            MN = MN.to(tl.int64)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         in_ws = offs_m[:, None] * N + offs_n[None, :]  # the workspace is (splits or 1, M, N), contiguous
-        if MODE == "ordered":
-            tl.store(ws_ptr + split * M * N + in_ws, acc, mask=mask)  # write BM x BN fp32 (to L2, mostly)
-        else:
+        if MODE == "atomic":
             tl.atomic_add(ws_ptr + in_ws, acc, mask=mask, sem="relaxed")  # read + write BM x BN fp32 in L2
-        tl.debug_barrier()  # every thread's part is in before the ticket says so
-        if tl.atomic_add(tickets_ptr + tile, 1) == splits - 1:  # acq_rel: the others' parts are visible
-            total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-            if MODE == "ordered":
-                for s in range(splits):  # in split order, bitwise the same whichever program is last
-                    # read BM x BN fp32 a split (.cg: from L2, where the other SMs' stores are)
-                    total += tl.load(ws_ptr + s * M * N + in_ws, mask=mask, other=0.0, cache_modifier=".cg")
-            else:
+            _publish(tile, PTX)
+            if tl.atomic_add(tickets_ptr + tile, 1) == splits - 1:  # acq_rel
+                _publish(tile, PTX)
                 total = tl.load(ws_ptr + in_ws, mask=mask, other=0.0, cache_modifier=".cg")  # read BM x BN
                 tl.store(ws_ptr + in_ws, tl.zeros_like(total), mask=mask)  # zero again for the next launch
-            _store_tile(
-                c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, BIG
-            )  # write BM x BN
-            tl.atomic_xchg(tickets_ptr + tile, 0)  # counted out: ready for the next launch (graph replays)
+                _store_tile(c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                            BLOCK_SIZE_M, BLOCK_SIZE_N, BIG)  # fmt: skip
+                tl.atomic_xchg(tickets_ptr + tile, 0)  # counted out: ready for the next launch
+        else:
+            tl.store(ws_ptr + split * MN + in_ws, acc, mask=mask)  # write BM x BN fp32 (to L2, mostly)
+            _publish(tile, PTX)
+            group = split // SUM_GROUP
+            first = group * SUM_GROUP
+            in_group = tl.minimum(splits - first, SUM_GROUP)
+            groups = tl.cdiv(splits, SUM_GROUP)
+            group_ticket = tickets_ptr + tile * groups + group
+            if tl.atomic_add(group_ticket, 1) == in_group - 1:  # the group's last: add its slots in order
+                _publish(tile, PTX)
+                total = _add_slots(ws_ptr, first * MN, in_group, MN, in_ws, mask, BLOCK_SIZE_M, BLOCK_SIZE_N)
+                tl.atomic_xchg(group_ticket, 0)
+                last = groups == 1
+                if not last:
+                    tl.store(
+                        ws_ptr + first * MN + in_ws, total, mask=mask
+                    )  # the group's sum, in its 1st slot
+                    _publish(tile, PTX)
+                    tile_ticket = tickets_ptr + tl.num_programs(axis=0) * groups + tile
+                    last = tl.atomic_add(tile_ticket, 1) == groups - 1
+                    if last:  # the last group: add the group sums, in group order
+                        _publish(tile, PTX)
+                        total = _add_slots(ws_ptr, 0, groups, SUM_GROUP * MN, in_ws, mask, BLOCK_SIZE_M,
+                                           BLOCK_SIZE_N)  # fmt: skip
+                        tl.atomic_xchg(tile_ticket, 0)
+                if last:
+                    _store_tile(c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_SIZE_M,
+                                BLOCK_SIZE_N, BIG)  # fmt: skip
 
 
 @triton.jit
@@ -484,12 +535,16 @@ def _stream_k_buffers(device: torch.device, programs: int) -> tuple[torch.Tensor
 
 
 def _split_k_buffers(device: torch.device, mode: str, split: int, M: int, N: int):
-    """(workspace, tickets) for a split-K launch: split x M x N fp32 partials ("ordered") or one M x N fp32
-    sum kept at zero ("atomic"), and a ticket per tile, for the smallest tiles on offer (16 x 16)."""
-    tickets = _scratch(device, "split_k tickets", triton.cdiv(M, 16) * triton.cdiv(N, 16), torch.int32)
-    if mode == "ordered":
-        return _scratch(device, "split_k partials", split * M * N, torch.float32, zeroed=False), tickets
-    return _scratch(device, "split_k sum", M * N, torch.float32), tickets
+    """(workspace, tickets) for a split-K launch, sized for the smallest tiles on offer (16 x 16): one M x N
+    fp32 sum kept at zero and a ticket per tile ("atomic"), or split x M x N fp32 slots and a ticket per
+    (tile, group of SUM_GROUP splits) and per tile ("ordered")."""
+    tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+    if mode == "atomic":
+        return _scratch(device, "split_k sum", M * N, torch.float32), _scratch(
+            device, "split_k tickets", tiles, torch.int32
+        )
+    tickets = _scratch(device, "split_k tickets", tiles * (triton.cdiv(split, SUM_GROUP) + 1), torch.int32)
+    return _scratch(device, "split_k partials", split * M * N, torch.float32, zeroed=False), tickets
 
 
 def _span(t: torch.Tensor) -> int:
@@ -512,7 +567,7 @@ def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> La
     mode = "direct" if split == 1 else "ordered" if deterministic else "atomic"
     strides = (*a.stride(), *b.stride(), *c.stride())
     align = ch03.row_alignment(N, strides)
-    options = {"INPUT_PRECISION": precision, "BIG": big, "ALIGN": align, "MODE": mode}
+    options = {"INPUT_PRECISION": precision, "BIG": big, "ALIGN": align, "MODE": mode, "PTX": LANE == "gpu"}
     kind = "k_major" if autotuned is _k_major_tuned else "split_k"
     key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big, mode)
     grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
