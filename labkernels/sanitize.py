@@ -316,10 +316,15 @@ def _ch04_matmul():
     m, n, k = 37, 29, 600  # K = 2 full 256-chunks and a short one: the split tail
     a, b = rand(m, k, dtype=dtype), rand(k, n, dtype=dtype)
     ref, tol = a.double() @ b.double(), MATMUL_TOL[dtype] * 4  # K = 600: larger sums than ch03's
-    for deterministic in (False, True):  # atomics into one sum, or partials added in split order
+    a10, b10 = rand(m, 10 * 256 - 37, dtype=dtype), rand(10 * 256 - 37, n, dtype=dtype)
+    ref10 = a10.double() @ b10.double()
+    # 3 splits: partials added in order in one launch; 10: the same in two levels (deterministic), or fp32
+    # atomics and a cast (not)
+    for split, deterministic in ((3, False), (10, True), (10, False)):
+        x, y, want = (a, b, ref) if split == 3 else (a10, b10, ref10)
         for call in ("first", "second"):  # the second: the kept plan, on what the first launch left reset
-            got = matmul(a, b, kernel="split_k", split_k=3, deterministic=deterministic)
-            close(got, ref, f"split_k deterministic={deterministic}, {call} call", tol)
+            got = matmul(x, y, kernel="split_k", split_k=split, deterministic=deterministic)
+            close(got, want, f"split_k {split} deterministic={deterministic}, {call} call", tol * 2)
     close(matmul(a, b, kernel="stream_k"), ref, "stream_k", tol)
     close(matmul(a, b, kernel="wave_tail"), ref, "wave_tail", tol)  # one launch: fewer tiles than SMs
     close(matmul(a, b, kernel="k_major"), ref, "k_major", tol)

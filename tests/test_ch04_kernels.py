@@ -220,21 +220,29 @@ def test_matmul_poisoned_buffers(monkeypatch, kernel, options):
     _assert_matmul(matmul(a, b, kernel=kernel, **options), a, b, MATMUL_TOL[torch.float32])
 
 
-@pytest.mark.parametrize("deterministic, split, k", [(True, 4, 900), (True, 19, 19 * 256), (False, 4, 900)])
-def test_split_k_leaves_its_workspace_ready_for_the_next_launch(monkeypatch, deterministic, split, k):
-    """One launch: the program that takes a tile's last ticket adds the partials, stores C and resets the
-    ticket (with atomics, it also zeroes the sum; 19 ordered splits are added in groups of SUM_GROUP, then
-    the groups, the last group short). So call after call on fresh operands of one shape (the kept plan's
-    path after the first), C is right, and the tickets and the atomic sum are back at 0. The partials'
-    slots start poisoned: one read before it is written shows as NaN."""
+@pytest.mark.parametrize(
+    "deterministic, split, mode", [(True, 4, "ordered"), (True, 19, "ordered"), (False, 4, "ordered"),
+                                   (False, 19, "atomic")]
+)  # fmt: skip
+def test_split_k_leaves_its_workspace_ready_for_the_next_launch(monkeypatch, deterministic, split, mode):
+    """ "ordered" (deterministic, or few splits): one launch, the program that takes a tile's last ticket adds
+    the partials in order, stores C and resets the ticket; 19 splits are added in groups of SUM_GROUP, then
+    the groups, the last group short. "atomic" (many splits, deterministic=False): fp32 atomics, then a cast
+    that zeroes the sum. Call after call on fresh operands of one shape (the kept plan after the first), C is
+    right and the tickets and the sum are back at 0. The ordered slots start poisoned: a slot read before
+    it is written shows as NaN."""
     monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
     monkeypatch.setattr(splitk, "_scratch_buffers", {})
+    assert splitk._split_k_mode(split, deterministic) == mode
     for _ in range(3):
-        a, b = _operands(29, 70, k)
+        a, b = _operands(29, 70, split * splitk.SPLIT_K_GRANULE)
         c = matmul(a, b, kernel="split_k", split_k=split, deterministic=deterministic)
         _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
     names = {key[2]: buffer for key, buffer in splitk._scratch_buffers.items()}
-    assert set(names) == {"split_k tickets", "split_k partials" if deterministic else "split_k sum"}
+    ordered = {"split_k tickets", "split_k partials"}
+    assert set(names) == (
+        ordered if mode == "ordered" else ordered | {"split_k sum"}
+    )  # atomic: tuned ordered
     for name in ("split_k tickets", "split_k sum"):
         if name in names:
             assert not names[name].any(), f"{name} left non-zero"

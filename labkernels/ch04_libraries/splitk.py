@@ -247,10 +247,8 @@ def _store_tile(
 @triton.jit
 def _publish(token, PTX: tl.constexpr):
     """Every thread's writes so far reach the whole GPU before any thread of the program passes the barrier
-    (CUDA's `__threadfence(); __syncthreads();`), so the ticket one thread takes after it vouches for all of
-    them. Without the fence, a thread's atomics may still be on their way to L2 when the ticket lands: on the
-    H200 the program that summed the tile then read sums that lacked some partials. Also on the reading
-    side, after the ticket: no read is served before the ticket was seen."""
+    (CUDA's `__threadfence(); __syncthreads();`), so the ticket that one thread takes next vouches for all of
+    them; and, after a ticket, no thread's read is served from before it."""
     if PTX:  # the interpreter runs one program at a time, in order: nothing to fence
         tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, $1;", "=r,r", [token], dtype=tl.int32,
                                   is_pure=False, pack=1)  # fmt: skip
@@ -282,15 +280,14 @@ def _split_k_kernel(
     PTX: tl.constexpr = False,  # the GPU lane: `_publish` fences
 ):  # fmt: skip
     """Program (tile, split): the tile's products over K elements [split x K_SPLIT, (split+1) x K_SPLIT).
-    With several splits, each program leaves its fp32 partial in the workspace and takes a ticket (an
-    atomic count per tile); the one that takes the tile's last ticket adds the partials up, stores the tile
-    of C and resets what the next launch needs reset. No program waits for another, and it is one launch.
-    "atomic": the partials are added as they come into one fp32 sum (ws, kept at zero between launches):
-    the order, so the last bits, varies. "ordered": each partial has its own slot, ws[split], and they are
-    added in a fixed order, so the result is bitwise the same whichever program comes last; in two levels,
-    so that one program never reads more than SUM_GROUP + splits / SUM_GROUP slots: the last program of each
-    group of SUM_GROUP splits adds its group's slots into the group's first slot (group tickets), and the
-    last group to finish adds the group sums (tile tickets, after the tiles x groups group tickets)."""
+    "ordered": each program leaves its fp32 partial in its own slot, ws[split], and takes a ticket (an
+    atomic count); the program that takes the last ticket adds the slots in a fixed order, stores the tile of
+    C and resets the ticket. No program waits for another, it is one launch, and the result is bitwise the
+    same whichever program comes last. In two levels, so that one program never reads more than SUM_GROUP +
+    splits / SUM_GROUP slots: the last program of each group of SUM_GROUP splits adds its group's slots into
+    the group's first slot (group tickets), and the last group to finish adds the group sums (tile tickets,
+    after the tiles x groups group tickets). "atomic": fp32 atomics into one sum (ws, kept at zero), which
+    `_cast_and_zero_kernel` turns into C after this launch: the order of the additions varies."""
     tile = tl.program_id(axis=0)
     pid_m, pid_n = _tile_coordinates(tile, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
     split = tl.program_id(axis=1)
@@ -314,16 +311,8 @@ def _split_k_kernel(
             MN = MN.to(tl.int64)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         in_ws = offs_m[:, None] * N + offs_n[None, :]  # the workspace is (splits or 1, M, N), contiguous
-        if MODE == "atomic":
+        if MODE == "atomic":  # `_cast_and_zero_kernel` reads the sum after this launch
             tl.atomic_add(ws_ptr + in_ws, acc, mask=mask, sem="relaxed")  # read + write BM x BN fp32 in L2
-            _publish(tile, PTX)
-            if tl.atomic_add(tickets_ptr + tile, 1) == splits - 1:  # acq_rel
-                _publish(tile, PTX)
-                total = tl.load(ws_ptr + in_ws, mask=mask, other=0.0, cache_modifier=".cg")  # read BM x BN
-                tl.store(ws_ptr + in_ws, tl.zeros_like(total), mask=mask)  # zero again for the next launch
-                _store_tile(c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                            BLOCK_SIZE_M, BLOCK_SIZE_N, BIG)  # fmt: skip
-                tl.atomic_xchg(tickets_ptr + tile, 0)  # counted out: ready for the next launch
         else:
             tl.store(ws_ptr + split * MN + in_ws, acc, mask=mask)  # write BM x BN fp32 (to L2, mostly)
             _publish(tile, PTX)
@@ -352,6 +341,17 @@ def _split_k_kernel(
                 if last:
                     _store_tile(c_ptr, total, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_SIZE_M,
                                 BLOCK_SIZE_N, BIG)  # fmt: skip
+
+
+@triton.jit
+def _cast_and_zero_kernel(ws_ptr, c_ptr, MN, BLOCK: tl.constexpr):
+    """C = the atomic sum cast to C's dtype (C contiguous), and the sum zeroed for the next launch (no
+    memset launch)."""
+    offs = tl.program_id(axis=0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    total = tl.load(ws_ptr + offs, mask=mask)  # read MN fp32
+    tl.store(c_ptr + offs, total.to(c_ptr.dtype.element_ty), mask=mask)  # write MN
+    tl.store(ws_ptr + offs, tl.zeros_like(total), mask=mask)  # write MN fp32
 
 
 @triton.jit
@@ -535,14 +535,13 @@ def _stream_k_buffers(device: torch.device, programs: int) -> tuple[torch.Tensor
 
 
 def _split_k_buffers(device: torch.device, mode: str, split: int, M: int, N: int):
-    """(workspace, tickets) for a split-K launch, sized for the smallest tiles on offer (16 x 16): one M x N
-    fp32 sum kept at zero and a ticket per tile ("atomic"), or split x M x N fp32 slots and a ticket per
-    (tile, group of SUM_GROUP splits) and per tile ("ordered")."""
-    tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+    """(workspace, tickets) for a split-K launch: "ordered", split x M x N fp32 slots and a ticket per (tile,
+    group of SUM_GROUP splits) and per tile, for the smallest tiles on offer (16 x 16); "atomic", one M x N
+    fp32 sum kept at zero (twice: it takes no tickets)."""
     if mode == "atomic":
-        return _scratch(device, "split_k sum", M * N, torch.float32), _scratch(
-            device, "split_k tickets", tiles, torch.int32
-        )
+        total = _scratch(device, "split_k sum", M * N, torch.float32)
+        return total, total
+    tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
     tickets = _scratch(device, "split_k tickets", tiles * (triton.cdiv(split, SUM_GROUP) + 1), torch.int32)
     return _scratch(device, "split_k partials", split * M * N, torch.float32, zeroed=False), tickets
 
@@ -556,15 +555,23 @@ def _tiles(M: int, N: int, meta: dict) -> int:
     return triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"])
 
 
+def _split_k_mode(split: int, deterministic: bool) -> str:
+    """How split-K adds its partials: "direct" (one split: nothing to add), "ordered" (one launch, a fixed
+    order: bitwise reproducible) when asked for or when the splits are few enough that the last program's
+    sum is short, else "atomic" (fp32 atomics, then `_cast_and_zero_kernel`: a second launch, but no
+    program reads more than its own partial)."""
+    if split == 1:
+        return "direct"
+    return "ordered" if deterministic or split <= SUM_GROUP else "atomic"
+
+
 def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> Launcher | None:
-    """One launch of `_split_k_kernel`: split == 1 stores C directly; else the partials are added by the
-    program that takes each tile's last ticket, in split order (deterministic) or as they come (atomics).
-    Returns run(a, b, c) for the next calls with operands of the same shapes, strides and alignment (None
-    after a call that tuned)."""
+    """`_split_k_kernel` (and, for "atomic", the cast). Returns run(a, b, c) for the next calls with operands
+    of the same shapes, strides and alignment (None after a call that tuned)."""
     (M, K), N = a.shape, b.shape[1]
     chunk = split_chunk(K, split)
     split = triton.cdiv(K, chunk)  # rounding the chunk up may leave fewer splits
-    mode = "direct" if split == 1 else "ordered" if deterministic else "atomic"
+    mode = _split_k_mode(split, deterministic)
     strides = (*a.stride(), *b.stride(), *c.stride())
     align = ch03.row_alignment(N, strides)
     options = {"INPUT_PRECISION": precision, "BIG": big, "ALIGN": align, "MODE": mode, "PTX": LANE == "gpu"}
@@ -572,16 +579,32 @@ def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> La
     key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big, mode)
     grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
     device = a.device
+    if (
+        mode == "atomic" and key not in _tuned
+    ):  # tune "ordered": timed atomics would pile every run into the sum
+        ws, tickets = _split_k_buffers(device, "ordered", split, M, N)
+        args = (a, b, c, ws, tickets, M, N, K, chunk, *strides)
+        _launch(key, autotuned, _split_k_kernel, grid, args, options | {"MODE": "ordered"}, K)  # C written
+        _tuned[key] = _Tuned(_tuned[key].config, _tuned[key].meta | {"MODE": "atomic"})
+        return None
     ws, tickets = (c, c) if mode == "direct" else _split_k_buffers(device, mode, split, M, N)
     args = (a, b, c, ws, tickets, M, N, K, chunk, *strides)
     launcher = _launch(key, autotuned, _split_k_kernel, grid, args, options, K)
+    if mode == "atomic":
+        block = 1024 if on_gpu() else 4096
+        cast = launch_cache.launch(_cast_and_zero_kernel, (triton.cdiv(M * N, block),), (ws, c, M * N),
+                                   {"BLOCK": block})  # read MN fp32, write MN and MN fp32  # fmt: skip
     if launcher is None:
         return None
     if mode == "direct":
         return lambda a, b, c: launcher(a, b, c, c, c)  # read MK + KN, write MN
+    if mode == "ordered":
+        return lambda a, b, c: launcher(a, b, c, *_split_k_buffers(device, mode, split, M, N))
 
-    def run(a, b, c):  # read MK + KN, write (and read) the partials in L2, write MN
-        launcher(a, b, c, *_split_k_buffers(device, mode, split, M, N))
+    def run(a, b, c):  # read MK + KN, add MN fp32 split times in L2; then the cast
+        ws = _split_k_buffers(device, mode, split, M, N)[0]
+        launcher(a, b, c, ws, ws)
+        cast(ws, c)
 
     return run
 
