@@ -139,6 +139,68 @@ def _print_matmul(rows: list[dict]) -> None:
     )
 
 
+HOST_SHAPES = [(16, 4096, 4096), (4096, 16, 4096), (128, 128, 65536), (1024, 1024, 1024)]
+
+
+@benchmark("ch04_matmul_host")
+def bench_matmul_host() -> list[dict]:
+    """Host time per call (`timing.host_us`: back-to-back calls, no wait for the GPU) of `splitk.matmul`
+    (auto; split-K with the fixed-order sum) and of `torch.matmul`, bf16, on shapes whose kernels are short
+    enough for the host to be what a call waits on; the kernel auto runs, and its split."""
+    rows = []
+    for m, n, k in HOST_SHAPES:
+        a = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
+        b = torch.randn(k, n, device=DEVICE).to(torch.bfloat16)
+        impls = {
+            "labkernels": lambda a=a, b=b: splitk.matmul(a, b),
+            "split_k_deterministic": lambda a=a, b=b: splitk.matmul(
+                a, b, kernel="split_k", deterministic=True
+            ),
+            "torch.matmul": lambda a=a, b=b: a @ b,
+        }
+        params = {"m": m, "n": n, "k": k, "dtype": "bfloat16", "auto_kernel": splitk.chosen_kernel(a, b)}
+        for impl, fn in impls.items():
+            fn()  # tuning and the first call's checks stay out of the timing
+            rows.append(params | {"impl": impl, "host_us": timing.host_us(fn, calls=1000)})
+        print(
+            f"  host per call {m}x{n}x{k}: "
+            + ", ".join(f"{r['impl']} {r['host_us']:.1f} us" for r in rows[-3:])
+        )
+    return rows
+
+
+def split_k_sums() -> Table | None:
+    """Graph replays of split-K at each shape the H200 table ran it: the default (few chunks: the fixed-order
+    sum in one launch; many: atomics and a cast) beside `deterministic=True` (the fixed order always)."""
+    table = load_reference("ch04_matmul")
+    if table is None:
+        return None
+    graphs = table.where(mode="graph")
+    rows = []
+    for r in graphs.where(impl="split_k"):
+        fixed = graphs.where(impl="split_k_deterministic", m=r["m"], n=r["n"], k=r["k"]).rows[0]
+        chunks = r["split"]
+        rows.append({"m": r["m"], "n": r["n"], "k": r["k"], "chunks": chunks,
+                     "default adds by": "fixed order" if chunks <= splitk.SUM_GROUP else "atomics + cast",
+                     "default, us": round(r["ms"] * 1e3, 2), "fixed order, us": round(fixed["ms"] * 1e3, 2),
+                     "fixed order vs cuBLAS": round(fixed["ratio_vs_cublas"], 2)})  # fmt: skip
+    return Table(rows)
+
+
+def host_per_call() -> Table | None:
+    """The H200's host time per call (`ch04_matmul_host`): labkernels' kept plan against torch.matmul."""
+    table = load_reference("ch04_matmul_host")
+    if table is None:
+        return None
+    rows = []
+    for r in table.where(impl="labkernels"):
+        lib = table.where(impl="torch.matmul", m=r["m"], n=r["n"], k=r["k"]).rows[0]
+        rows.append({"m": r["m"], "n": r["n"], "k": r["k"], "auto runs": r["auto_kernel"],
+                     "labkernels, us": round(r["host_us"], 1), "torch.matmul, us": round(lib["host_us"], 1),
+                     "ratio": round(r["host_us"] / lib["host_us"], 2)})  # fmt: skip
+    return Table(rows)
+
+
 # --- filling the SMs where no power-of-two tile does -------------------------------------------------------
 
 # gpu_jobs/wide_tiles.py names a variant "BM+EM x BN+EN x BK sS wW [tma]": a (BM + EM) x (BN + EN) tile
