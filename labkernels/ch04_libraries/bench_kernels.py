@@ -139,6 +139,7 @@ def _print_matmul(rows: list[dict]) -> None:
     )
 
 
+HOST_ROUNDS = 5
 HOST_SHAPES = [(16, 4096, 4096), (4096, 16, 4096), (128, 128, 65536), (1024, 1024, 1024)]
 
 
@@ -159,9 +160,13 @@ def bench_matmul_host() -> list[dict]:
             "torch.matmul": lambda a=a, b=b: a @ b,
         }
         params = {"m": m, "n": n, "k": k, "dtype": "bfloat16", "auto_kernel": splitk.chosen_kernel(a, b)}
-        for impl, fn in impls.items():
+        for fn in impls.values():
             fn()  # tuning and the first call's checks stay out of the timing
-            rows.append(params | {"impl": impl, "host_us": timing.host_us(fn, calls=1000)})
+        samples = {impl: [] for impl in impls}
+        for _ in range(HOST_ROUNDS):  # alternating: a pause of the host's lands on one sample, not one impl
+            for impl, fn in impls.items():
+                samples[impl].append(timing.host_us(fn, calls=1000))
+        rows += [params | {"impl": impl, "host_us": statistics.median(us)} for impl, us in samples.items()]
         print(
             f"  host per call {m}x{n}x{k}: "
             + ", ".join(f"{r['impl']} {r['host_us']:.1f} us" for r in rows[-3:])
