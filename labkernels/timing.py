@@ -148,6 +148,24 @@ def host_us(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 100, b
     return statistics.median(per_call)
 
 
+def host_us_idle(fn: Callable[[], object], *, calls: int = 300, warmup: int = 20) -> float:
+    """Host time of one call of `fn()` in microseconds, into an idle GPU queue: before each call the GPU is
+    waited for, so the call never waits on a full launch queue, however long its kernels run (where
+    `host_us` would time the GPU instead). The median over `calls` calls."""
+    if calls < 1 or warmup < 0:
+        raise ValueError(f"calls must be >= 1 and warmup >= 0, got {calls}, {warmup}")
+    for _ in range(warmup):
+        fn()
+    per_call = []
+    for _ in range(calls):
+        _synchronize()
+        start = time.perf_counter()
+        fn()
+        per_call.append((time.perf_counter() - start) * 1e6)
+    _synchronize()
+    return statistics.median(per_call)
+
+
 def _synchronize() -> None:
     if LANE == "gpu":
         import torch

@@ -110,6 +110,13 @@ def test_timing_measures_real_time_and_rejects_bad_arguments():
     pauses = iter([0.05, 0.002, 0.002, 0.002, 0.002])
     us = timing.host_us(lambda: time.sleep(next(pauses)), calls=5, warmup=0, blocks=5)
     assert 1900 <= us <= 20_000
+    # into an idle queue: each call timed alone, the median; one long pause is not the answer
+    calls.clear()
+    pauses = iter([0.002, 0.05, 0.002, 0.002, 0.05, 0.002, 0.002])
+    us = timing.host_us_idle(lambda: (calls.append(1), time.sleep(next(pauses))), calls=5, warmup=2)
+    assert len(calls) == 7 and 1900 <= us <= 20_000
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        timing.host_us_idle(lambda: None, calls=0)
 
 
 def test_graph_ms_times_the_work_of_this_lane():

@@ -145,9 +145,8 @@ HOST_SHAPES = [(16, 4096, 4096), (4096, 16, 4096), (128, 128, 65536), (1024, 102
 
 @benchmark("ch04_matmul_host")
 def bench_matmul_host() -> list[dict]:
-    """Host time per call (`timing.host_us`: back-to-back calls, no wait for the GPU) of `splitk.matmul`
-    (auto; split-K with the fixed-order sum) and of `torch.matmul`, bf16, on shapes whose kernels are short
-    enough for the host to be what a call waits on; the kernel auto runs, and its split."""
+    """Host time of one call into an idle GPU queue (`timing.host_us_idle`) of `splitk.matmul` (auto, and
+    split-K with the fixed-order sum) and of `torch.matmul`, bf16; the kernel auto runs."""
     rows = []
     for m, n, k in HOST_SHAPES:
         a = torch.randn(m, k, device=DEVICE).to(torch.bfloat16)
@@ -165,7 +164,7 @@ def bench_matmul_host() -> list[dict]:
         samples = {impl: [] for impl in impls}
         for _ in range(HOST_ROUNDS):  # alternating: a pause of the host's lands on one sample, not one impl
             for impl, fn in impls.items():
-                samples[impl].append(timing.host_us(fn, calls=1000))
+                samples[impl].append(timing.host_us_idle(fn))
         rows += [params | {"impl": impl, "host_us": statistics.median(us)} for impl, us in samples.items()]
         print(
             f"  host per call {m}x{n}x{k}: "
