@@ -5,15 +5,17 @@ and 128-wide tiles that is 32 programs for 132 SMs: a quarter of the machine doe
 rest idles. Two ways to cut the work finer, both along K:
 
 - **split-K** ("split_k"): each tile's K range is cut into `split` chunks, one program per (tile, chunk),
-  each leaving an fp32 partial sum in a workspace and then taking a ticket (an atomic count per tile). The
-  program that takes a tile's last ticket adds the partials up, stores the tile of C and resets the ticket:
-  one launch, and no program waits for another. `deterministic=True` keeps the partials in split x M x N
-  slots and adds them in split order (0, 1, 2, ...), so the result is bitwise the same whichever program
-  comes last; `deterministic=False` adds them with fp32 atomics into one M x N sum as they come (the last
-  program reads it, stores C and zeroes it for the next launch), less traffic but an order that varies.
-  Extra traffic: the partials, write + read split x M x N x 4 bytes (in L2 for skinny shapes).
-  A first version launched up to three kernels per call (zero the workspace, partials, sum or cast):
-  as fast on the GPU, but each launch costs the host more than a skinny matmul takes.
+  each leaving an fp32 partial in a workspace. Where the chunks are few (<= SUM_GROUP) or
+  `deterministic=True` asks for it, each program then takes a ticket (an atomic count per tile), and the
+  one that takes a tile's last ticket adds the partials in chunk order, stores the tile of C and resets
+  the ticket: one launch, nobody waits, and the result is bitwise the same on every run. Many chunks make
+  that sum a long serial read (in two levels, groups of SUM_GROUP then the groups), so otherwise they are
+  added with fp32 atomics into one M x N sum and `_cast_and_zero_kernel` casts it and zeroes it for the
+  next call. Extra traffic: the partials, split x M x N x 4 bytes written and read (in L2 for skinny
+  shapes). A first version launched up to three kernels per call (zero the workspace, partials, sum or
+  cast) through Triton's own launch path: on skinny shapes each call cost the host more than its kernels
+  took. (Atomics summed in the same launch by the tile's last program gave wrong results on the H200 for
+  some tile shapes, fence or not: the atomics here are read by the next launch.)
 - **stream-K** ("stream_k"): one program per SM; the total work, tiles x K-steps, is cut into equal
   contiguous ranges, one per program, so every SM gets the same number of K-steps whatever the tile count.
   A range may start or end inside a tile: the program that computes a tile's *last* K-step adds the
