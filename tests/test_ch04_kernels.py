@@ -248,6 +248,16 @@ def test_split_k_leaves_its_workspace_ready_for_the_next_launch(monkeypatch, det
             assert not names[name].any(), f"{name} left non-zero"
 
 
+@pytest.mark.parametrize("split, deterministic", [(3, False), (10, True), (10, False)])
+def test_split_k_64_bit_offsets_on_a_small_shape(split, deterministic):
+    """BIG (offsets past 2^31) compiles the same sums with 64-bit offsets, M x N included: forced on a small
+    shape, each way of adding the partials still matches fp64 (the sizes that need it do not fit a test)."""
+    a, b = _operands(21, 37, split * splitk.SPLIT_K_GRANULE - 5)
+    c = torch.full((21, 37), float("nan"), device=DEVICE)
+    splitk._run_split_k(a, b, c, "ieee", split, deterministic, True, splitk._split_k_tuned)
+    _assert_matmul(c, a, b, MATMUL_TOL[torch.float32])
+
+
 def test_a_kept_plan_changes_nothing_the_checks_and_autograd_decide():
     """Later calls with the same key skip the checks: the key must hold what they read. deterministic=1
     and split_k=True hash like True and 1 but are refused; an operand 4 bytes off 16-byte alignment is

@@ -307,10 +307,10 @@ def _split_k_kernel(
         offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
         offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
         MN = M * N
-        if BIG:
+        if BIG:  # M x N itself may pass 2^31: multiplied in 64 bits
             offs_m = offs_m.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
-            MN = MN.to(tl.int64)
+            MN = M.to(tl.int64) * N
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         in_ws = offs_m[:, None] * N + offs_n[None, :]  # the workspace is (splits or 1, M, N), contiguous
         if MODE == "atomic":  # `_cast_and_zero_kernel` reads the sum after this launch
