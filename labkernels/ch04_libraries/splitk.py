@@ -830,8 +830,9 @@ def matmul(
     choice), "stream_k", "wave_tail" (the tiles past the full waves as narrower tiles, in the same
     launch) and "k_major" (B read K-major) are this chapter's; "auto" picks per shape
     (`auto_candidates`, then a one-time timing where several remain; `chosen_kernel` says which).
-    deterministic: split-K adds its partials in a fixed order (bitwise reproducible) instead of with
-    atomics, in the same one launch. The other kernels are deterministic anyway. allow_tf32: fp32 inputs
+    deterministic: split-K always adds its partials in a fixed order (bitwise reproducible), in its one
+    launch; by default it does so up to SUM_GROUP chunks and adds more with fp32 atomics and a cast (an
+    order that varies). The other kernels are deterministic anyway. allow_tf32: fp32 inputs
     use TF32 tensor cores (10-bit mantissa products, ~1e-3 relative error). Inputs that require grad get a
     backward (dA = dC B^T, dB = A^T dC, by this same matmul). Later calls with operands of the same shapes,
     strides, dtypes and alignment skip the checks and the choice: they allocate C and launch."""
