@@ -56,18 +56,21 @@ TEST_WORKERS ?= 2
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
 	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
-	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions
-	@# The solutions (full marks expected) and the exercises (zero) are graded at the same time, each into
-	@# its own log, shown when both are done; either one failing fails the target.
-	@echo "grading solutions (--expect full) and exercises (--expect zero) side by side"
+	@# nbval, and the grading of the solutions (full marks expected) and the exercises (zero), run at the same
+	@# time: each is one process per notebook at a time, and the cores one of them leaves idle (nbval's last
+	@# notebooks, the graders' waits) the others fill. The two gradings write their own logs, shown at the end;
+	@# any of the three failing fails the target.
+	@echo "nbval over notebooks/ and solutions/; grading solutions (--expect full) and exercises (--expect zero) alongside"
 	@$(VPY) -m labkernels grade solutions --expect full --json .grade-solutions.json --cell-timeout 600 \
 	  > .grade-solutions.log 2>&1 & solutions=$$!; \
 	$(VPY) -m labkernels grade exercises --expect zero --json .grade-exercises.json --cell-timeout 600 \
-	  > .grade-exercises.log 2>&1; exercises=$$?; \
-	wait $$solutions; solutions=$$?; \
+	  > .grade-exercises.log 2>&1 & exercises=$$!; \
+	$(INLINE) $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions; \
+	nbval=$$?; \
+	wait $$solutions; solutions=$$?; wait $$exercises; exercises=$$?; \
 	cat .grade-solutions.log .grade-exercises.log; \
-	echo "grade solutions: exit $$solutions; grade exercises: exit $$exercises"; \
-	[ $$solutions = 0 ] && [ $$exercises = 0 ]
+	echo "nbval: exit $$nbval; grade solutions: exit $$solutions; grade exercises: exit $$exercises"; \
+	[ $$nbval = 0 ] && [ $$solutions = 0 ] && [ $$exercises = 0 ]
 	$(VPY) -m labkernels exercises --check
 
 # GPU lane, in the *current* Python environment (an instructor's GPU runner or a GPU image): no venv, no torch.

@@ -20,12 +20,19 @@ def cpu_bench(fn: Callable[[], object], warmup: int = 2, rep: int = 10) -> float
         raise ValueError(f"warmup must be >= 0 and rep >= 1, got warmup={warmup}, rep={rep}")
     for _ in range(warmup):
         fn()
+    return statistics.median(_host_ms_each(fn, rep))
+
+
+def _host_ms_each(fn: Callable[[], object], calls: int, before: Callable[[], object] | None = None) -> list:
+    """Wall time of each of `calls` calls of `fn()` in milliseconds; `before()` runs untimed ahead of each."""
     samples = []
-    for _ in range(rep):
+    for _ in range(calls):
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    return samples
 
 
 def autotune_bench(kernel_call: Callable[[], object], quantiles: Sequence[float] = (0.5, 0.2, 0.8)):
@@ -39,12 +46,7 @@ def autotune_bench(kernel_call: Callable[[], object], quantiles: Sequence[float]
         import triton.testing
 
         return triton.testing.do_bench(kernel_call, quantiles=list(quantiles))
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        kernel_call()
-        samples.append((time.perf_counter() - start) * 1e3)
-    samples.sort()
+    samples = sorted(_host_ms_each(kernel_call, 3))
     pick = [samples[min(len(samples) - 1, int(q * len(samples)))] for q in quantiles]
     return pick if len(pick) > 1 else pick[0]
 
@@ -156,14 +158,9 @@ def host_us_idle(fn: Callable[[], object], *, calls: int = 300, warmup: int = 20
         raise ValueError(f"calls must be >= 1 and warmup >= 0, got {calls}, {warmup}")
     for _ in range(warmup):
         fn()
-    per_call = []
-    for _ in range(calls):
-        _synchronize()
-        start = time.perf_counter()
-        fn()
-        per_call.append((time.perf_counter() - start) * 1e6)
+    per_call_ms = _host_ms_each(fn, calls, before=_synchronize)  # the wait for the GPU is not timed
     _synchronize()
-    return statistics.median(per_call)
+    return statistics.median(per_call_ms) * 1e3
 
 
 def _synchronize() -> None:

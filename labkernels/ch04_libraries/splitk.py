@@ -774,8 +774,9 @@ def _planned(a, b, kernel, split_k, deterministic, allow_tf32) -> tuple[torch.Te
         return c, _plan(_run_stream_k(a, b, c, precision, big), M, N, copy_b)
     if kernel == "k_major" and K_MAJOR_TMA and _tma_fits(a, b.t()):
         _run_k_major_tma(a, b, c, precision, big)
-        resolved = functools.partial(_forward, kernel=kernel, split_k=None, deterministic=False)
-        return c, functools.partial(resolved, allow_tf32=allow_tf32)  # no checks, no choice: the launch
+        # no checks, no choice: the launch
+        options = {"kernel": kernel, "split_k": None, "deterministic": False, "allow_tf32": allow_tf32}
+        return c, functools.partial(_forward, **options)
     split = 1 if kernel == "k_major" else (split_k or split_for(M, N, K, num_sms(a.device)))
     big = big or (split > 1 and split * M * N >= INT32_LIMIT)  # the partials' workspace
     autotuned = _k_major_tuned if kernel == "k_major" else _split_k_tuned
