@@ -239,6 +239,24 @@ def hold_best(hold: Table) -> Table:
     return Table(r | {"config": " ".join(r["config"].split()[:3])} for r in best.rows)
 
 
+# Persistent programs that load and publish their next chunk before they wait for the one they hold
+# (gpu_jobs/softmax_pipelined.py, ch06_softmax_pipelined.csv): the wait hidden behind a chunk's load, two
+# chunks held a program; `hold` is the split_hold kernel at its two register caps, in the same run.
+PIPELINED_VARIANTS = ("shipped", "hold", "pipelined")
+
+
+def pipelined_best(pipelined: Table) -> Table:
+    """best_softmax_variants of ch06_softmax_pipelined, each configuration cut to its launch: block, warps,
+    register cap and, for the persistent kernel, its programs an SM."""
+    keep = ("block", "warps", "maxnreg", "programs/SM")
+
+    def launch(config: str) -> str:  # the shipped row's config is its tuple: kept whole
+        return " ".join(part for part in config.split() if part.split("=")[0] in keep) or config
+
+    best = best_softmax_variants(pipelined, PIPELINED_VARIANTS)
+    return Table(r | {"config": launch(r["config"])} for r in best.rows)
+
+
 def timed_and_checks(table: Table) -> tuple[Table, Table]:
     """An experiment's rows split into the timed ones and the accuracy checks that were not timed (their
     fraction of a copy is NaN): softmax_lean checks its variants at extreme row maxima that way."""
