@@ -1,10 +1,12 @@
-"""Online softmax's split kernel, persistent, loading its next chunk before it waits (an experiment, bfloat16).
+"""Online softmax's split kernel, persistent, loading its next chunk before it waits (experiment, bfloat16).
 
 In the shipped split kernels (`split_lean`, `split_hold`) a program loads one chunk of a row, publishes the
 chunk's (max, sum), waits for the row's other chunks and writes. While it waits it holds its chunk and has no
 load in flight. Without the wait the same kernel runs at 0.975 of a copy (ch06_softmax_exchange.csv,
-`relaxed_none`); with it, at 0.874 (ch06_softmax_hold.csv). The question here: is the gap the wait itself, or
-what a waiting program keeps out of the memory system?
+`relaxed_none`); with it, at 0.874 (ch06_online_softmax.csv). The question here: is the gap the wait itself,
+or what a waiting program keeps out of the memory system? (`split_persistent_overlap`, in
+ch06_softmax_variants.csv, asked the same of the first split kernel and lost; this asks it again with the hold
+kernel's arithmetic.)
 
 Here the programs are persistent and take chunks (tickets) in row order. Each loop iteration holds two
 chunks: it takes the next ticket, loads that chunk and publishes its (max, sum), and only *then* waits for
@@ -167,8 +169,8 @@ def registers() -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     from sm90 import compile_sm90, ptxas_info
 
-    sig = {"out_ptr": "*bf16", "x_ptr": "*bf16", "stats_ptr": "*fp32", "sync_ptr": "*i32",
-           "total_tickets": "i32", "n_col_vecs": "i32", "x_row_vecs": "i32", "out_row_vecs": "i32"}  # fmt: skip
+    sig = {"out_ptr": "*bf16", "x_ptr": "*bf16", "stats_ptr": "*fp32", "sync_ptr": "*i32"}
+    sig |= {"total_tickets": "i32", "n_col_vecs": "i32", "x_row_vecs": "i32", "out_row_vecs": "i32"}
     for block, warps, _ in CONFIGS:
         consts = {"BLOCK_SIZE": block, "CHUNKS": 32, "VEC": 8, "MAX_SPIN": osm.MAX_SPIN,
                   "NEG_INF": osm.NEG_INF_WORD[torch.bfloat16]}  # fmt: skip
