@@ -50,15 +50,12 @@ lab: lab-settings
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 # Test processes at once (pytest-xdist). CI has 2 cores; each notebook stays in one process (--dist loadfile),
-# its cells in order. The unit tests take one process more than there are cores: many of them wait on a child
-# process that sleeps, hangs on purpose or holds a lock (measured on 2 cores: the two workers kept the CPU busy
-# 83% of the time), and a third worker fills those waits.
+# its cells in order.
 TEST_WORKERS ?= 2
-UNIT_WORKERS ?= $(shell echo $$(( $(TEST_WORKERS) + 1 )))
 
 # CPU lane: unit tests, nbval (strict) over the chapters and solutions, grading, exercises in sync.
 test: venv
-	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests
+	MPLBACKEND=Agg $(VPY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
 	@# nbval, and the grading of the solutions (full marks expected) and the exercises (zero), run at the same
 	@# time: each is one process per notebook at a time, and the cores one of them leaves idle (nbval's last
 	@# notebooks, the graders' waits) the others fill. The two gradings write their own logs, shown at the end;
