@@ -139,6 +139,24 @@ def _print_matmul(rows: list[dict]) -> None:
     )
 
 
+def vs_cublas_summary(table: Table | None = None, dtype: str = "bfloat16") -> Table | None:
+    """Per timing mode (plain calls, graph replays): the geometric mean of labkernels' ratio to cuBLAS over
+    the H200 table's shapes (`ch04_matmul`), and the lowest ratio with its shape. A geometric mean, because
+    the ratios multiply: 2x on one shape and 0.5x on another average to 1x, not 1.25x."""
+    table = load_reference("ch04_matmul") if table is None else table
+    if table is None:
+        return None
+    rows = []
+    for mode in MODES:
+        ours = table.where(impl="labkernels", mode=mode, dtype=dtype).rows
+        worst = min(ours, key=lambda r: r["ratio_vs_cublas"])
+        mean = statistics.geometric_mean(r["ratio_vs_cublas"] for r in ours)
+        rows.append({"calls": mode, "shapes": len(ours), "geometric mean": round(mean, 3),
+                     "lowest": round(worst["ratio_vs_cublas"], 3),
+                     "lowest at": f"{worst['m']}x{worst['n']}x{worst['k']}"})  # fmt: skip
+    return Table(rows)
+
+
 HOST_ROUNDS = 5
 HOST_SHAPES = [(16, 4096, 4096), (4096, 16, 4096), (128, 128, 65536), (1024, 1024, 1024)]
 
