@@ -40,17 +40,14 @@ for shape in b.CONV_SHAPES:
 
 echo "== summary (at $(( $(date +%s) - start ))s)"
 $PY - "$DEST" <<'PYEOF' || failed+=("summary")
-import math, sys
+import sys
 from pathlib import Path
+from labkernels.ch04_libraries import bench_kernels
 from labkernels.results import load
 d = Path(sys.argv[1])
 if (d / "ch04_matmul.csv").exists():
     t = load(d / "ch04_matmul.csv")
-    for mode in ("plain", "graph"):
-        ours = [r for r in t.where(impl="labkernels", mode=mode).rows if r["dtype"] == "bfloat16"]
-        ratios = [r["ratio_vs_cublas"] for r in ours]
-        print(f"matmul bf16 {mode}: geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, "
-              f"min {min(ratios):.2f} over {len(ratios)} shapes")
+    print(bench_kernels.vs_cublas_summary(t))
     for r in t.where(impl="labkernels", mode="graph").rows:
         plain = t.where(impl="labkernels", mode="plain", m=r["m"], n=r["n"], k=r["k"], dtype=r["dtype"]).rows[0]
         print(f"  {r['m']}x{r['n']}x{r['k']} {r['dtype']:9s} auto={r['auto_kernel']:15s} "
