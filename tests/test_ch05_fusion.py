@@ -382,6 +382,23 @@ def test_decode_kernel_names():
         inductor.decode("not a kernel!")
 
 
+def test_kernel_source_cuts_one_kernel_in_either_backend():
+    """Triton's kernels close with `''', device_str='cuda')`, C++'s with `''')`: each cut ends there."""
+    triton_code = (
+        "triton_poi_fused_add_0 = async_compile.triton('triton_poi_fused_add_0', '''\n"
+        "def triton_poi_fused_add_0(in_ptr0):\n    pass\n''', device_str='cuda')\n"
+        "triton_poi_fused_mul_1 = async_compile.triton('triton_poi_fused_mul_1', '''\n...\n''')\n"
+        "def call(args):\n    pass\n"
+    )
+    first = inductor.kernel_source(triton_code, "triton_poi_fused_add_0")
+    assert first.endswith("''', device_str='cuda')") and "mul_1" not in first and "def call" not in first
+    assert inductor.kernel_source(triton_code, "triton_poi_fused_mul_1").endswith("...\n''')")
+    cpp_code = "cpp_fused_add_0 = async_compile.cpp_pybinding(['float*'], r'''\nvoid k() {}\n''')\nx = 1\n"
+    assert inductor.kernel_source(cpp_code, "cpp_fused_add_0").endswith("void k() {}\n''')")
+    with pytest.raises(KeyError):
+        inductor.kernel_source(cpp_code, "triton_poi_fused_add_0")
+
+
 def test_capture_fuses_mul_add_sigmoid_into_one_kernel():
     x = _randn(256)
     captured = inductor.capture(pointwise.reference_mul_add_sigmoid, x, x * 2, x + 1)

@@ -154,9 +154,13 @@ def capture(fn, *args, **compile_options) -> Captured:
 
 
 def kernel_source(code: str, name: str) -> str:
-    """The source of one generated kernel, cut from the program text (Triton's `def` or C++'s body)."""
+    """The source of one generated kernel, cut from the program text (Triton's `def` or C++'s body): from
+    `name = async_compile...(` to the end of the line that closes the kernel's triple-quoted text, which
+    is `''')` for C++ and `''', device_str='cuda')` for Triton."""
     start = code.find(f"{name} = async_compile.")
     if start < 0:
         raise KeyError(f"no kernel {name!r} in this code")
-    end = code.find("''')", start)
-    return code[start : end + 4 if end >= 0 else len(code)]
+    opening = code.find("'''", start)
+    closing = code.find("'''", opening + 3) if opening >= 0 else -1
+    line_end = code.find("\n", closing) if closing >= 0 else -1
+    return code[start : line_end if line_end >= 0 else len(code)]
