@@ -164,11 +164,23 @@ def test_parse_kernel_names():
     assert nvjet == {"family": "cuBLAS nvjet", "tile": "128x256", "split_k": False, "stream_k": False}
     xmma = lib.parse_kernel_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_segment_k_on")
     assert xmma["tile"] == "128x256x64" and xmma["split_k"] and xmma["family"] == "cuBLAS xmma"
+    # a one-digit tile side: nvjet's 64x8 tile, then its K step x stages (64x16), which is not the tile
+    assert lib.parse_kernel_name("nvjet_sm90_tst_64x8_64x16_1x2_h_bz_NNT")["tile"] == "64x8"
+    fp32 = lib.parse_kernel_name("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_stage3")
+    assert fp32["tile"] == "32x32x8"
     assert lib.parse_kernel_name("gemm_streamk_kernel")["stream_k"]
     assert lib.parse_kernel_name("vectorized_elementwise_kernel")["family"] == "other"
     assert lib.conv_algorithm(["sm90_xmma_fprop_implicit_gemm_f16f16"]) == "implicit GEMM"
     assert lib.conv_algorithm(["winograd_nonfused"]) == "Winograd"
     assert lib.conv_algorithm([]) == "unknown"
+
+
+def test_gemm_sweep_record_tiles_are_what_the_kernel_names_say():
+    """ch04_gemm_sweep.csv's `tile` column is derived from its `kernel` column: the two agree on every row."""
+    from labkernels.results import load_reference
+
+    rows = load_reference("ch04_gemm_sweep").rows
+    assert rows and all(lib.parse_kernel_name(r["kernel"])["tile"] == r["tile"] for r in rows)
 
 
 # --- measurement helpers (shape of the results, not their speed) -------------------------------------------

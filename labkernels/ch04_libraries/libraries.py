@@ -189,14 +189,17 @@ def gpu_kernels(fn, *, calls: int = 1) -> list[str]:
     return [n for n in dict.fromkeys(names) if not n.startswith(("Memcpy", "Memset"))]
 
 
-_TILE = re.compile(r"(?:tilesize)?(\d{2,3})x(\d{2,3})(?:x(\d{2,3}))?")
+# The tile follows "tilesize" (xmma) or "_tst_" (nvjet: nvjet_sm90_tst_64x8_64x16_... is a 64x8 tile, then
+# the K step x stages) where the name has them; elsewhere the first AxB of two- or three-digit numbers.
+_TILE_NAMED = re.compile(r"(?:tilesize|_tst_)(\d{1,3})x(\d{1,3})(?:x(\d{1,3}))?")
+_TILE = re.compile(r"(\d{2,3})x(\d{2,3})(?:x(\d{2,3}))?")
 
 
 def parse_kernel_name(name: str) -> dict:
     """What a cuBLAS/CUTLASS kernel name says, where it says it: the tile, split-K, stream-K, the library
     family. Names are not an API: unknown parts stay empty."""
     low = name.lower()
-    tile = _TILE.search(name)
+    tile = _TILE_NAMED.search(name) or _TILE.search(name)
     if "nvjet" in low:
         family = "cuBLAS nvjet"
     elif "xmma" in low or "cublas" in low:
