@@ -50,6 +50,21 @@ def test_wrong_submissions_lose_every_point(name, reason):
     assert reason in format_record(rec)
 
 
+@pytest.mark.parametrize(
+    "ex_id, name, module",
+    [
+        ("5.3", "read_program_with_the_course_reader", "labkernels.ch05_fusion.inductor"),
+        ("4.1", "predict_with_the_course_roofline", "labkernels.ch04_libraries.gemm_model"),
+    ],
+)
+def test_answers_that_call_the_course_s_own_answer_are_refused(ex_id, name, module):
+    """5.3's reader and 4.1's formulas are in the package: an answer that calls them scores nothing, and the
+    record says which function it called."""
+    rec = grade(ex_id, getattr(submissions, name))
+    assert rec["possible"] > 0 and rec["earned"] == 0, format_record(rec)
+    assert f"your answer called {module}." in format_record(rec)
+
+
 def test_stale_result_fails_on_fresh_inputs():
     rec = grade("T.1", submissions.stale_cache)
     assert rec["earned"] == 0, format_record(rec)

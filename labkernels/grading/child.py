@@ -119,6 +119,7 @@ class Worker:
 
         self.guard = guard
         self.requires = setup.get("requires")
+        self.forbidden = guard.ForbiddenCalls(setup.get("forbids", ()))
         self.launches = guard.TritonLaunches()
         self.launches.install()
         guard.BlockGraderImports.install()
@@ -154,15 +155,18 @@ class Worker:
         self.launches.launches.clear()
         self.launches.active = True
         try:
-            if recorder is not None:
-                with recorder:
+            with self.forbidden:
+                if recorder is not None:
+                    with recorder:
+                        result = fn(*args, **kwargs)
+                else:
                     result = fn(*args, **kwargs)
-            else:
-                result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001  (SystemExit and KeyboardInterrupt cost the case only)
             return {"status": "raised", "reason": reason(e), "type": type(e).__name__}
         finally:
             self.launches.active = False
+        if self.forbidden.called:
+            return {"status": "refused", "reason": self.forbidden.verdict()}
         moved = [i for i, t in enumerate(tensors) if view_meta(t) != before[i]]
         if moved:
             return {

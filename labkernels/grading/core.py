@@ -37,6 +37,9 @@ class Exercise:
     # What the answer must be built from: "triton" (its own Triton kernel ran, no torch compute op), "cpp"
     # (its own C++ op, no torch compute op), or None (any Python). Checked on every call of the answer.
     requires: str | None = None
+    # Modules of the course whose functions compute this exercise's answer: a call into one of them while the
+    # answer runs refuses that call (the formula is the learner's to write, not to import).
+    forbids: tuple[str, ...] = ()
 
     @property
     def chapter(self) -> str:
@@ -54,6 +57,7 @@ def exercise(
     speed_points: float = 0,
     timeout_s: float = 180,
     requires: str | None = None,
+    forbids: tuple[str, ...] = (),
 ):
     """Register a grading function for exercise `ex_id` ("3.1")."""
     if requires not in (None, "triton", "cpp"):
@@ -62,7 +66,8 @@ def exercise(
     def register(fn: Callable[[object, Grader], None]):
         if ex_id in EXERCISES and EXERCISES[ex_id].grade.__qualname__ != fn.__qualname__:
             raise ValueError(f"exercise {ex_id} registered twice")
-        EXERCISES[ex_id] = Exercise(ex_id, title, points, speed_points, fn, timeout_s, requires)
+        forbidden = tuple(forbids)
+        EXERCISES[ex_id] = Exercise(ex_id, title, points, speed_points, fn, timeout_s, requires, forbidden)
         return fn
 
     return register

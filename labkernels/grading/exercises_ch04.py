@@ -70,7 +70,14 @@ def _machines(g):
 BOUND_MARGIN = 1.25
 
 
-@exercise("4.1", "Compute- or memory-bound, and the best-case time", points=3, speed_points=1, timeout_s=120)
+@exercise(
+    "4.1",
+    "Compute- or memory-bound, and the best-case time",
+    points=3,
+    speed_points=1,
+    timeout_s=120,
+    forbids=("labkernels.roofline", "labkernels.traffic", "labkernels.ch04_libraries.gemm_model"),
+)
 def _grade_4_1(student, g):
     # student(op: dict, bandwidth_gbps, peak_tflops) -> ("compute" | "memory", best-case ms)
     with g.case("GEMMs: squares, the seed's M=100 K=10, and random shapes", points=1):

@@ -158,7 +158,13 @@ def _random_program(g) -> tuple[str, dict]:
     return "\n".join(parts) + "\n", expected
 
 
-@exercise("5.3", "Read a program Inductor generated", points=3, timeout_s=60)
+@exercise(
+    "5.3",
+    "Read a program Inductor generated",
+    points=3,
+    timeout_s=60,
+    forbids=("labkernels.ch05_fusion.inductor",),
+)
 def _grade_5_3(student, g):
     # student(code) -> {kernel_name: {"ops": [aten ops it fused], "loads": tl.load count, "stores": ...}} for
     # every Triton kernel the program defines (library calls such as extern_kernels.mm are not kernels here).

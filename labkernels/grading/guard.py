@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import collections
 import importlib.abc
+import importlib.util
+import os
 import sys
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -139,6 +141,50 @@ def verdict(requires: str | None, seen: collections.Counter, launches: list[tupl
 
 def _kind(requires: str) -> str:
     return {"triton": "a Triton kernel", "cpp": "a C++ kernel"}.get(requires, requires)
+
+
+class ForbiddenCalls:
+    """While active (`with`), records the first call into a function defined in one of `modules`: the course's
+    own answer to an exercise that asks the learner to write it. A profile hook sees Python calls however
+    they are reached (imported by name, through `labkernels.<module>`, or from a helper of the learner's)."""
+
+    def __init__(self, modules):
+        self.files: dict[str, str] = {}  # source file -> module name
+        for name in modules:
+            spec = importlib.util.find_spec(name)
+            if spec is None or not spec.origin:
+                raise ValueError(f"forbids names {name!r}, which is not an importable module")
+            self.files[os.path.realpath(spec.origin)] = name
+        self._by_filename: dict[str, str | None] = {}
+        self.called: str | None = None
+        self._previous = None
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and self.called is None:
+            filename = frame.f_code.co_filename
+            module = self._by_filename.get(filename, ...)
+            if module is ...:  # the first call from this file: resolve it once
+                module = self._by_filename[filename] = self.files.get(os.path.realpath(filename))
+            if module is not None:
+                self.called = f"{module}.{frame.f_code.co_qualname}"
+
+    def __enter__(self):
+        self.called = None
+        if self.files:
+            self._previous = sys.getprofile()
+            sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        if self.files:
+            sys.setprofile(self._previous)
+        return False
+
+    def verdict(self) -> str:
+        return (
+            f"your answer called {self.called}, the course's own code for this; the exercise asks you to "
+            "write it yourself"
+        )
 
 
 class BlockGraderImports(importlib.abc.MetaPathFinder):

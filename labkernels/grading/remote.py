@@ -51,9 +51,19 @@ _WORKER_MAIN = (
 
 
 class Student:
-    def __init__(self, answer: dict, *, requires: str | None, deadline: float, lane: str, timeout_s: float):
+    def __init__(
+        self,
+        answer: dict,
+        *,
+        requires: str | None,
+        deadline: float,
+        lane: str,
+        timeout_s: float,
+        forbids: tuple[str, ...] = (),
+    ):
         self.answer = answer
         self.requires = requires
+        self.forbids = forbids
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.lane = lane
@@ -77,7 +87,7 @@ class Student:
         os.close(from_child_w)
         self._out = Connection(to_child_w, readable=False)
         self._in = Connection(from_child_r, writable=False)
-        send(self._out, {"answer": self.answer, "requires": self.requires})
+        send(self._out, {"answer": self.answer, "requires": self.requires, "forbids": list(self.forbids)})
         reply = self._reply()
         if reply.get("status") == "load_error":
             self.load_error = str(reply.get("reason"))[:400]

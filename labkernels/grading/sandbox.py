@@ -126,7 +126,12 @@ def run(ex, answer_bundle: dict, *, speed: bool, timeout_s: float, lane: str | N
     start = time.monotonic()
     grader = Grader(speed=speed, lane=lane)
     student = Student(
-        answer_bundle, requires=ex.requires, deadline=start + timeout_s, lane=lane, timeout_s=timeout_s
+        answer_bundle,
+        requires=ex.requires,
+        forbids=ex.forbids,
+        deadline=start + timeout_s,
+        lane=lane,
+        timeout_s=timeout_s,
     )
     student.grader, grader.student = grader, student
     error = None
