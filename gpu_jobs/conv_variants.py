@@ -133,7 +133,7 @@ def _conv_tma_kernel(
     y_desc.store([pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N], y)  # write BM x BN, clipped at the edges
 
 
-# The same with the padding done by the copy engine: x as a 4-D (N, H, W, C) tensor and A's tile a box of
+# The same with the padding done by the TMA unit: x as a 4-D (N, H, W, C) tensor and A's tile a box of
 # IMG images x BH x BW pixels x BLOCK_SIZE_K channels, at (n0, h0 + r - pad, w0 + s - pad, c0). The box's
 # parts outside x (the padding) arrive as zeros, so A goes from shared memory to wgmma untouched. The price: a
 # box is a power of two along each axis, so where H or W is not a multiple of BH or BW, part of the last

@@ -2,7 +2,7 @@
 
 Chapter 05's fused kernel converts each int8 tile of W in registers and hands it to `tl.dot` as the right
 operand. On Hopper, wgmma reads its right operand from shared memory only, so the converted tile goes back to
-shared memory every K step, outside the copy engine's pipeline: at M = 4096 the fused path measured slower
+shared memory every K step, outside the TMA unit's pipeline: at M = 4096 the fused path measured slower
 than eager (ch05_fusion.csv). wgmma's *left* operand may come from registers. So compute C^T = W^T A^T: the
 converted W^T tile (BN x BK) is the left operand, straight from registers, and A^T (BK x BM, K-major since A
 is row-major) the right one, through shared memory as usual. Chapter 04's TF32 path does the same with B^T.

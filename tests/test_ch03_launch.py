@@ -490,7 +490,7 @@ MATMUL_CASES = [
 def test_matmul_thin_equals_normal_bitwise(mnk, dtype, with_bias, activation, kernel, _few_matmul_configs):
     m, n, k = mnk
     if kernel == "tma_persistent" and not matmul_mod._has_tma():
-        pytest.skip("needs the TMA copy engine (Hopper or later)")
+        pytest.skip("needs the TMA unit (Hopper or later)")
     a, b = torch.randn(m, k, device=DEVICE).to(dtype), torch.randn(k, n, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
     call = lambda: matmul(a, b, bias=bias, activation=activation, kernel=kernel)  # noqa: E731

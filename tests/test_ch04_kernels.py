@@ -927,7 +927,7 @@ def test_matmul_tf32_row_major_b_is_copied_k_major():
 )
 def test_matmul_k_major_tma_kernel_poisoned(monkeypatch, m, n, k, dtype):
     """Rows 16-byte aligned: "k_major" loads through TMA (`_k_major_tma_kernel`; ragged M, N, K zero-filled
-    by the copy engine), every element of C written. Rows that are not (K = 301) take the pointer kernel."""
+    by the TMA unit), every element of C written. Rows that are not (K = 301) take the pointer kernel."""
     monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
     a, b = _operands(m, n, k, dtype)
     tol = TF32_TOL if dtype == torch.float32 else MATMUL_TOL[dtype]

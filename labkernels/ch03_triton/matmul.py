@@ -21,7 +21,8 @@ to a 10-bit mantissa, tensor cores: several times faster, ~1e-3 relative error).
 Two kernels compute the same tiles (`matmul(kernel=...)` picks one):
 - "tiled": the kernel above, pointer arithmetic and masks; any strides, every dtype, both lanes.
 - "tma_persistent" (Hopper and later, 16-bit operands whose rows are contiguous and 16-byte aligned): tiles
-  move through the TMA copy engine, which takes a tensor descriptor (base, shape, strides, box; each program
+  move through the TMA unit (Hopper's tensor memory accelerator, an asynchronous copy unit in each SM),
+  which takes a tensor descriptor (base, shape, strides, box; each program
   writes its own on the device) instead of a pointer per element, fills zeros past the edges and clips the
   store; and one program per SM loops over the tiles, so that the next tile's loads can overlap this tile's
   epilogue.
@@ -358,7 +359,7 @@ def _matmul_tma_persistent(
         pid_m, pid_n = _tile_coordinates(tile_id, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-            # One TMA copy per tile; past M, N or K the copy engine fills zeros, so no masks.
+            # One TMA copy per tile; past M, N or K the TMA unit fills zeros, so no masks.
             a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])  # read BM x BK
             b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])  # read BK x BN
             acc = tl.dot(a, b, acc)
@@ -490,7 +491,7 @@ def _check(a, b, bias, activation, input_precision, kernel) -> None:
 
 @functools.cache
 def _has_tma() -> bool:
-    """A GPU with the TMA copy engine (compute capability 9.0, Hopper, or later)."""
+    """A GPU with the TMA unit (compute capability 9.0, Hopper, or later)."""
     return on_gpu() and torch.cuda.get_device_capability() >= (9, 0)
 
 
@@ -522,7 +523,7 @@ def _pick_kernel(kernel: str, a: torch.Tensor, b: torch.Tensor) -> str:
         return kernel
     why_not = _why_not_tma(a, b)
     if kernel == "tma_persistent" and why_not is None and on_gpu() and not _has_tma():
-        why_not = f"this GPU ({torch.cuda.get_device_name()}) predates the TMA copy engine of Hopper"
+        why_not = f"this GPU ({torch.cuda.get_device_name()}) predates Hopper's TMA unit"
     if kernel == "tma_persistent" and why_not is not None:
         raise ValueError(f"matmul: kernel='tma_persistent' cannot run here: {why_not}")
     if kernel == "auto" and (why_not is not None or not _has_tma()):

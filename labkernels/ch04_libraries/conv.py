@@ -21,7 +21,7 @@ Two kernels compute it (`kernel=`):
   of the A tile and loads it with a mask that drops the padding taps.
 - "tma_box" (`_conv_box_kernel`): stride 1 and "same" padding (P = H, Q = W), C a multiple of 64 (16 under
   the interpreter). The A tile is a box of IMG images x BH x BW pixels x BLOCK_SIZE_K channels, one TMA
-  copy per (tap, channel step): the copy engine computes the addresses, and the parts of the box that fall
+  copy per (tap, channel step): the TMA unit computes the addresses, and the parts of the box that fall
   outside x (the padding) arrive as zeros, with no mask. "auto" takes it on the GPU wherever it applies,
   for filters larger than 1x1 (the shapes it was measured on).
 Backward is not implemented: inputs that require grad are refused.

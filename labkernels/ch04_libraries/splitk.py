@@ -40,7 +40,7 @@ K contiguous in memory. A row-major B (K, N) is N-major, so Triton turns each ti
 fp32 inputs go through the "k_major" kernels. A B that is already K-major (b = w.t() of a row-major weight,
 as in a linear layer) is read as it is; any other B is first copied K-major by chapter 02's tiled transpose
 (read KN, write KN: 4KN bytes more per call). Where the rows allow TMA copies (16-byte aligned, Hopper),
-`_k_major_tma_kernel` loads both operands through the copy engine; elsewhere the pointer kernel does.
+`_k_major_tma_kernel` loads both operands through the TMA unit; elsewhere the pointer kernel does.
 The copy's alternative, C^T = B^T A^T with B^T fed to wgmma from registers (where any layout is allowed),
 copies nothing, but Triton (3.6, 3.7) lets a step's register-operand MMAs run on while the next step loads
 new values into those registers, which PTX leaves undefined (chapter 04's box convolution gave wrong outputs
@@ -412,7 +412,7 @@ def _k_major_tma_kernel(
     GROUP_SIZE_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, BIG: tl.constexpr,
 ):  # fmt: skip
     """C = A B with A (M, K) row-major and B given as B^T (N, K) row-major, i.e. B K-major: both operands
-    come by TMA copies, K-contiguous as wgmma wants 32-bit operands; past M, N or K the copy engine fills
+    come by TMA copies, K-contiguous as wgmma wants 32-bit operands; past M, N or K the TMA unit fills
     zeros, so no masks. Persistent: program p takes tiles p, p + NUM_PROGRAMS, ... The tile loop is not
     flattened: flattened, the next tile's copies would be in flight during the store, whose fp32 tile passes
     through shared memory too (128 x 256 x 4 bytes beside the stages: more than an SM has)."""
@@ -631,7 +631,7 @@ def _run_stream_k(a, b, c, precision, big) -> Launcher | None:
 
 def _tma_fits(a: torch.Tensor, bt: torch.Tensor) -> bool:
     """TMA copies read rows that are contiguous, start 16-byte aligned and lie a multiple of 16 bytes apart,
-    none overlapping the next (an expanded operand, row stride 0, has no descriptor); the copy engine is
+    none overlapping the next (an expanded operand, row stride 0, has no descriptor); the TMA unit is
     Hopper's (compute capability 9.0) or later. The interpreter emulates it."""
     if on_gpu() and not ch03._has_tma():
         return False

@@ -9,7 +9,7 @@ token per sequence) the weights are nearly all the traffic, so the matmul is mem
 the bytes of a 16-bit weight (a third or less of the eager path's) is the speed-up; when M is large the
 matmul is compute-bound and fusing the prologue *costs* time: the conversion sits in the K loop and is
 repeated for every row tile of A (M / BLOCK_SIZE_M times), and W must go through registers to be converted
-instead of straight from the copy engine into shared memory where the tensor cores read it.
+instead of straight from the TMA unit into shared memory where the tensor cores read it.
 
 So `int8_matmul` has two paths, chosen by M (`path="auto"`): the fused kernel for small M, and above
 `FUSED_MAX_M` the one Inductor takes: dequantise W once (`dequantize`, one pass: read KN int8, write KN) and

@@ -8,8 +8,9 @@ the end O = acc / l. Traffic per (batch, head): Q and O once, K and V once per q
 Causal: key blocks entirely above the diagonal are skipped; blocks entirely below it run unmasked; only the
 blocks crossing the diagonal are masked (a two-stage loop). Any N: the ragged last block is masked.
 Also returned: the logsumexp of each row's scaled scores, (B, H, N) fp32, which the backward uses to recompute
-P block by block (FlashAttention-2's backward: one kernel for dK and dV per key block, one for dQ per query
-block, each masking only the diagonal and ragged blocks; their block shapes timed per shape class).
+P block by block (two kernels: one for dK and dV per key block, one for dQ per query block, where
+FlashAttention-2 has one kernel that adds dQ with atomics; each masks only the diagonal and ragged blocks, and
+their block shapes are timed per shape class).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _attn_fwd_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,  # diagonal or ragged blocks: mask keys past the diagonal and past n_ctx
     CAUSAL: tl.constexpr,
-    TMA: tl.constexpr,  # load K and V blocks with the TMA copy engine (Hopper) instead of pointer loads
+    TMA: tl.constexpr,  # load K and V blocks with Hopper's TMA unit instead of pointer loads
 ):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
