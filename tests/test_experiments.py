@@ -16,7 +16,7 @@ cpu_lane = pytest.mark.skipif(labkernels.on_gpu(), reason="smoke modes are the C
 
 
 @cpu_lane
-@pytest.mark.parametrize("script", ["epilogue_variants.py", "int8_variants.py"])
+@pytest.mark.parametrize("script", ["epilogue_variants.py", "int8_variants.py", "int8_tiles.py"])
 def test_experiment_smoke_mode_passes(script):
     env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'gpu_jobs'}"}
     done = subprocess.run(
