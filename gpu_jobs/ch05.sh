@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Chapter 05 on the H200: GPU tests, then the fusion and launch benchmarks; CSVs copied to $OUT/ch05/.
-# Run from the repo root with $OUT set. Under 3.5 minutes: the steps' timeouts add up to 205 s (tests 50,
-# the fusion bench 120 — about a dozen torch.compile graphs plus the matmul autotuning —, launch 25, summary 10).
+# Run from the repo root with $OUT set. Under 5 minutes: the steps' timeouts add up to 295 s (tests 50,
+# the fusion bench 120 — about a dozen torch.compile graphs plus the matmul autotuning —, the int8 paths
+# over M 90, launch 25, summary 10).
 set -u
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT/ch05"
@@ -17,6 +18,10 @@ tail -15 "$OUT/ch05/tests.log"
 echo "== bench ch05_fusion (t=$(( $(date +%s) - start )) s)"
 timeout 120 python -m labkernels bench ch05_fusion > "$OUT/ch05/bench_fusion.log" 2>&1 || failed+=("bench ch05_fusion(rc=$?)")
 tail -5 "$OUT/ch05/bench_fusion.log"
+
+echo "== bench ch05_int8_paths (t=$(( $(date +%s) - start )) s)"
+timeout 90 python -m labkernels bench ch05_int8_paths > "$OUT/ch05/bench_int8_paths.log" 2>&1 || failed+=("bench ch05_int8_paths(rc=$?)")
+tail -5 "$OUT/ch05/bench_int8_paths.log"
 
 echo "== bench ch05_launch (t=$(( $(date +%s) - start )) s)"
 timeout 25 python -m labkernels bench ch05_launch > "$OUT/ch05/bench_launch.log" 2>&1 || failed+=("bench ch05_launch(rc=$?)")

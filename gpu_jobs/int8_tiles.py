@@ -1,27 +1,31 @@
 """int8 weight-only matmul at every M: which tiles chapter 05's prologue-fused kernel needs (an experiment).
 
 `prologue.int8_matmul` fuses the dequantisation up to `FUSED_MAX_M` rows and dequantises once above. Its
-autotuner offers 16-row tiles up to `SMALL_M` rows and 128-row tiles above. Between the two, at M = 128-512
-(a batch of decoding sequences), a 128-row tile gives one row of tiles: 4096 columns / 128 or 256 = 16 to 32
-programs for 132 SMs, and the fused kernel measured flat at about 65 us there (ch05_fusion.csv int8_paths),
-slower than dequantising first. Does a tile that fills the SMs at those M move the crossover?
+autotuner offered 16-row tiles up to 64 rows and 128-row tiles above. Between the two, at M = 128-512 (a
+batch of decoding sequences), a 128-row tile gives one row of tiles: 4096 columns / 128 or 256 = 16 to 32
+programs for 132 SMs, and the fused kernel measured flat at about 65 us there, slower than dequantising
+first. Does a tile that fills the SMs at those M move the crossover? (It did: `prologue.MID_M_CONFIGS`, and
+`FUSED_MAX_M` from the `ch05_int8_paths` benchmark; this run is labkernels/reference/ch05_int8_tiles.csv.)
 
 Times chapter 05's `_int8_matmul_kernel` itself, launched at each config below, beside cuBLAS on 16-bit
 weights and the shipped `int8_matmul` (auto and dequantize), at M = 16 ... 2048 with N = K = 4096 bf16. Every
 output poisoned (NaN) first and checked against fp64; CUDA-graph replays and plain calls (`Bench`).
 
-    python gpu_jobs/int8_tiles.py --out DIR     # GPU: table on stdout, DIR/results.csv
+    python gpu_jobs/int8_tiles.py --out DIR     # GPU: table on stdout, DIR/results.csv and, with the
+                                                # versions, DIR/ch05_int8_tiles.csv
     python gpu_jobs/int8_tiles.py --smoke       # CPU lane (interpreter): correctness at small shapes
 """
 
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
 
+import os
 import sys
 
 import labkernels  # noqa: F401  (first: it sets the lane before triton is imported)
 import torch
 import triton
 
+import recording
 from epilogue_variants import Bench
 from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch05_fusion import prologue
@@ -75,6 +79,9 @@ def main() -> int:
         device = "cuda" if on_gpu() else "cpu"
         for m in MS:
             run(bench, m, 4096, 4096, torch.bfloat16, device, CONFIGS)
+        if args.out:
+            recording.write_csv(os.path.join(args.out, "ch05_int8_tiles.csv"),
+                                [recording.versioned() | row for row in bench.rows])  # fmt: skip
     return bench.verdict()
 
 

@@ -115,6 +115,16 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 25, rep: int = 100) -> fl
     return cpu_bench(fn, warmup=min(warmup, 2), rep=max(3, min(rep, 10)))
 
 
+def alternating_ms(calls: dict[str, Callable[[], object]], *, rounds: int = 5, **options) -> dict[str, float]:
+    """name -> median `time_ms` over `rounds` rounds that each time every call once, in turn: the GPU's clock
+    follows its power draw, so a call timed all at once before another would get a different card."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            samples[name].append(time_ms(fn, **options))
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
 def graph_ms(fn: Callable[[], object], *, rep: int = 100) -> float:
     """Median GPU time of `fn()` in ms with the host taken out: on the GPU lane the calls are captured in a
     CUDA graph and replayed (`do_bench_cudagraph`), so launches cost no Python. L2 is *not* cleared between

@@ -36,26 +36,28 @@ def _config(m, n, k, stages, warps, group=8):
     return triton.Config(meta, num_stages=stages, num_warps=warps)
 
 
-# Big tiles for big M (compute-bound); for small M (a decoding step: memory-bound on W), 16-row tiles with
-# long K steps, narrow enough that 4096 columns make ~128 programs for 132 SMs.
-GPU_CONFIGS = [
-    _config(128, 256, 64, 3, 8),
-    _config(128, 128, 64, 4, 8),
-    _config(16, 32, 256, 4, 4),
-    _config(16, 64, 128, 4, 4),
-]
-SMALL_M = 64  # up to this M only the 16-row configs are tried, above it only the big ones
-# path="auto" fuses up to this M (memory-bound on W) and dequantises once above it. The int8_paths rows
-# of labkernels/reference/ch05_fusion.csv time both paths over M on the H200; re-measure it with
-# `bench.int8_path_rows` on another GPU.
-FUSED_MAX_M = 32
+# Tiles by M, each list tried only in its range of M (`_prune`). Small M (a decoding step: memory-bound on W):
+# 16-row tiles with long K steps, narrow enough that 4096 columns make ~128 programs for 132 SMs. Mid M (a
+# batch of sequences): tiles of 32-128 rows and 64 columns; a 128 x 256 tile there leaves one row of 16
+# programs for 132 SMs, and on the H200 it took 2-4x as long as the best of these (gpu_jobs/int8_tiles.py).
+# Big M (compute-bound): big tiles.
+SMALL_M_CONFIGS = [_config(16, 32, 256, 4, 4), _config(16, 64, 128, 4, 4)]
+MID_M_CONFIGS = [_config(32, 64, 128, 4, 4), _config(64, 64, 128, 4, 4), _config(128, 64, 64, 4, 4)]
+BIG_M_CONFIGS = [_config(128, 256, 64, 3, 8), _config(128, 128, 64, 4, 8)]
+GPU_CONFIGS = SMALL_M_CONFIGS + MID_M_CONFIGS + BIG_M_CONFIGS
+SMALL_M, MID_M = 32, 512  # M up to SMALL_M tries the small tiles; up to MID_M the mid ones; above, the big
+# path="auto" fuses up to this M (memory-bound on W) and dequantises once above it. labkernels/reference/
+# ch05_int8_paths.csv times both paths over M on the H200; re-measure it with `bench.int8_path_rows` (the
+# `ch05_int8_paths` benchmark) on another GPU.
+FUSED_MAX_M = 128
 PATHS = ("auto", "fused", "dequantize")
 
 
 def _prune(configs, named_args, **kwargs):
-    """Half the configs fit a given M at all: tuning only those halves the compile time of a new shape."""
-    small = named_args["M"] <= SMALL_M
-    kept = [c for c in configs if (c.kwargs["BLOCK_SIZE_M"] <= 32) == small]
+    """Only the tiles made for this M are tuned: a few configs, not all, compile for a new shape."""
+    m = named_args["M"]
+    wanted = SMALL_M_CONFIGS if m <= SMALL_M else MID_M_CONFIGS if m <= MID_M else BIG_M_CONFIGS
+    kept = [c for c in configs if c in wanted]
     return kept or configs
 
 
