@@ -47,8 +47,10 @@ def checked_matmul(run, a, b, reference) -> tuple[float, bool]:
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
+    """Rows to CSV; the columns are every key of any row, in first-seen order (a row may lack some)."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
 

@@ -458,6 +458,33 @@ def test_int8_path_table_names_the_faster_path_per_m():
     assert table.rows[1]["dequantize_us"] == pytest.approx(30.0)
 
 
+def test_int8_records_back_the_tiles_and_the_path_threshold():
+    """The H200 records behind `prologue`'s tile lists and FUSED_MAX_M (notebook 05, section 7): every tile
+    run checked against fp64; at each M the fastest tile is one of the list `_prune` tries there; the
+    128 x 256 tile at least 2x slower than it from M = 64 to 512; the fused path faster than dequantising
+    first up to FUSED_MAX_M in plain calls and in graph replays, and slower above it in graph replays."""
+    from labkernels.ch05_fusion import bench
+    from labkernels.results import load_reference
+
+    tiles_ref = load_reference("ch05_int8_tiles")
+    assert tiles_ref is not None and all(r["ok"] == "ok" for r in tiles_ref.rows)
+    tiles = {r["M"]: r for r in bench.int8_tile_table(tiles_ref).rows}
+    for m, row in tiles.items():
+        kept = prologue._prune(prologue.GPU_CONFIGS, {"M": m})
+        blocks = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
+        names = {
+            "x".join(str(c.kwargs[b]) for b in blocks) + f" s{c.num_stages} w{c.num_warps}" for c in kept
+        }
+        assert row["best_tile"] in names, (m, row["best_tile"], names)
+        if 64 <= m <= 512:
+            assert row["128x256_us"] >= 2 * row["best_tile_us"], m
+        graph_fused_wins = row["best_tile_us"] < row["dequantize_us"]
+        assert graph_fused_wins == (m <= prologue.FUSED_MAX_M), m
+    paths = {r["M"]: r for r in bench.int8_path_table(load_reference("ch05_int8_paths")).rows}
+    assert all(r["faster"] == "fused" for m, r in paths.items() if m <= prologue.FUSED_MAX_M)
+    assert set(paths) >= {16, 128, 4096} and paths[4096]["faster"] == "dequantize"
+
+
 def test_epilogue_sass_counts_gelu_forms():
     """The shipped instruction counts (gpu_jobs/epilogue_sass.py, sm_90): the erf GELU is the dear epilogue
     and spills at the 128 x 256 tile; the polynomial costs fewer instructions an element and spills nothing;

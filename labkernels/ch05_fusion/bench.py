@@ -247,6 +247,24 @@ def int8_path_rows(ms=INT8_PATH_MS, n: int = 4096, k: int = 4096, dtype=torch.bf
     return rows
 
 
+def int8_tile_table(table: Table, big_tile: str = "fused 128x256x64 s3 w8") -> Table:
+    """gpu_jobs/int8_tiles.py's graph replays (`ch05_int8_tiles`), one row per M: cuBLAS on 16-bit weights,
+    the dequantize path, the fastest tile of the fused kernel and that of the 128 x 256 tile, in us."""
+    by_m: dict[int, dict] = {}
+    for r in table.rows:
+        by_m.setdefault(int(r["case"].split("x")[0]), {})[r["variant"]] = r["ms_graph"] * 1e3
+    rows = []
+    for m, us in sorted(by_m.items()):
+        fused = {name.removeprefix("fused "): t for name, t in us.items() if name.startswith("fused ")}
+        best = min(fused, key=fused.get)
+        rows.append(
+            {"M": m, "cublas_16bit_us": us["cublas, 16-bit weights"],
+             "dequantize_us": us["int8_matmul dequantize"], "best_tile": best, "best_tile_us": fused[best],
+             "128x256_us": us[big_tile]}
+        )  # fmt: skip
+    return Table(rows)
+
+
 def int8_path_table(table: Table) -> Table:
     """The `int8_paths` rows as one row per M: each path's microseconds and the faster path."""
     by_m: dict[int, dict] = {}

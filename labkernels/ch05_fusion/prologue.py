@@ -41,14 +41,15 @@ def _config(m, n, k, stages, warps, group=8):
 # batch of sequences): tiles of 32-128 rows and 64 columns; a 128 x 256 tile there leaves one row of 16
 # programs for 132 SMs, and on the H200 it took 2-4x as long as the best of these (gpu_jobs/int8_tiles.py).
 # Big M (compute-bound): big tiles.
-SMALL_M_CONFIGS = [_config(16, 32, 256, 4, 4), _config(16, 64, 128, 4, 4)]
+SMALL_M_CONFIGS = [_config(16, 32, 256, 4, 4), _config(16, 64, 128, 4, 4), _config(16, 64, 256, 3, 4)]
 MID_M_CONFIGS = [_config(32, 64, 128, 4, 4), _config(64, 64, 128, 4, 4), _config(128, 64, 64, 4, 4)]
 BIG_M_CONFIGS = [_config(128, 256, 64, 3, 8), _config(128, 128, 64, 4, 8)]
 GPU_CONFIGS = SMALL_M_CONFIGS + MID_M_CONFIGS + BIG_M_CONFIGS
 SMALL_M, MID_M = 32, 512  # M up to SMALL_M tries the small tiles; up to MID_M the mid ones; above, the big
-# path="auto" fuses up to this M (memory-bound on W) and dequantises once above it. labkernels/reference/
-# ch05_int8_paths.csv times both paths over M on the H200; re-measure it with `bench.int8_path_rows` (the
-# `ch05_int8_paths` benchmark) on another GPU.
+# path="auto" fuses up to this M and dequantises once above it: on the H200 the fused path was faster up to
+# M = 128 in plain calls (labkernels/reference/ch05_int8_paths.csv) and in graph replays
+# (ch05_int8_tiles.csv), and the dequantize path from M = 256 in graph replays. Re-measure with the
+# `ch05_int8_paths` benchmark.
 FUSED_MAX_M = 128
 PATHS = ("auto", "fused", "dequantize")
 
