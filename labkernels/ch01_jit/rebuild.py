@@ -10,8 +10,11 @@ torch decides in two places:
 
 `load_inline` writes your string to `main.cpp` only when the text differs, so for it "content" is what
 counts everywhere. `load` reads your files: touching one (same content, new mtime) rebuilds in the next
-process but not in this one. `measure_rebuilds()` builds tiny extensions (no torch headers: about a second
-each) and reports, for each API and edit, whether the shared library was written again.
+process but not in this one. The hash covers the files you list, not the headers they include; ninja, told
+by the compiler which headers each object read (a depfile), watches those too.
+
+`measure_rebuilds()` builds tiny extensions (no torch headers: about a second each) and reports, for each
+API and edit, whether the shared library was written again.
 """
 
 from __future__ import annotations
@@ -28,19 +31,29 @@ from labkernels.results import Table
 
 APIS = ("load", "load_inline")
 #: The edits: nothing changed; the source file's mtime bumped with the same content (`load` only: a string
-#: has no mtime); a comment added (content changed, same code); a -D flag added to extra_cflags.
-EDITS = ("nothing", "touch", "comment", "flag")
+#: has no mtime); a comment added (content changed, same code); a -D flag added to extra_cflags; the header
+#: the source includes changed (`load` only: its source is `#include "tiny.h"` and a function).
+EDITS = ("nothing", "touch", "comment", "flag", "header")
+#: The edits chapter 01 measures in front of the learner; exercise 1.2 also asks about `header`.
+CHAPTER_EDITS = ("nothing", "touch", "comment", "flag")
+LOAD_ONLY = ("touch", "header")
 PROCESSES = ("same", "new")
 
 _SOURCE = 'extern "C" int labkernels_answer() { return 42; }\n'
+_SOURCE_WITH_HEADER = '#include "tiny.h"\nextern "C" int labkernels_answer() { return LABKERNELS_ANSWER; }\n'
+_HEADER = "#define LABKERNELS_ANSWER 42\n"
 _COMMENT = "// an edit that changes no code\n"
 _FLAG = "-DLABKERNELS_REBUILD_DEMO=1"
 
 
-def scenarios() -> list[tuple[str, str, str]]:
-    """(api, edit, process) for every meaningful combination: 14 of them."""
+def scenarios(edits=EDITS) -> list[tuple[str, str, str]]:
+    """(api, edit, process) for every meaningful combination of `edits`: 16 of them for all five."""
     return [
-        (a, e, p) for a in APIS for e in EDITS for p in PROCESSES if not (a == "load_inline" and e == "touch")
+        (a, e, p)
+        for a in APIS
+        for e in edits
+        for p in PROCESSES
+        if not (a == "load_inline" and e in LOAD_ONLY)
     ]
 
 
@@ -69,16 +82,28 @@ def _has_no_implicit_headers() -> bool:
     return "no_implicit_headers" in inspect.signature(load_inline).parameters
 
 
+def _first_source(api: str) -> str:
+    return _SOURCE_WITH_HEADER if api == "load" else _SOURCE
+
+
+def _later(path: Path) -> None:
+    """Set path's mtime later than the object file's, whatever the clock's resolution."""
+    future = time.time() + 2
+    os.utime(path, (future, future))
+
+
 def _apply(api: str, edit: str, directory: Path) -> tuple[str, list[str]]:
     """Make `edit` and return the (source, flags) of the next call."""
-    source, flags = _SOURCE, []
+    source, flags = _first_source(api), []
     if edit == "touch":
-        future = time.time() + 2  # later than the object file, whatever the clock's resolution
-        os.utime(directory / "tiny.cpp", (future, future))
+        _later(directory / "tiny.cpp")
     elif edit == "comment":
-        source = _COMMENT + _SOURCE
+        source = _COMMENT + source
     elif edit == "flag":
         flags = [_FLAG]
+    elif edit == "header":
+        (directory / "tiny.h").write_text(_COMMENT + _HEADER)
+        _later(directory / "tiny.h")
     if api == "load":
         from labkernels.ch01_jit.build import write_if_changed
 
@@ -95,22 +120,23 @@ def _second_calls(jobs: list[dict]) -> list[list]:
     return [_signature(_build(j["api"], Path(j["dir"]), j["name"], j["source"], j["flags"])) for j in jobs]
 
 
-def measure_rebuilds(root: str | os.PathLike | None = None) -> Table:
+def measure_rebuilds(root: str | os.PathLike | None = None, edits=EDITS) -> Table:
     """Build each scenario's tiny extension, make the edit, call again (in this process, or in a fresh one)
-    and record whether the library was written again. Takes ~10-20 s on a laptop (14 tiny builds)."""
+    and record whether the library was written again. Takes ~10-20 s on a laptop (16 tiny builds)."""
     if root is None:
         with tempfile.TemporaryDirectory(prefix="labkernels-rebuild-") as tmp:
-            return measure_rebuilds(tmp)
+            return measure_rebuilds(tmp, edits)
     root = Path(root)
     tag = f"{os.getpid()}_{time.monotonic_ns() % 10**9}"  # fresh names: this process has never seen them
     jobs = []
-    for api, edit, process in scenarios():
+    for api, edit, process in scenarios(edits):
         name = f"tiny_{api}_{edit}_{process}_{tag}"
         directory = root / name
         directory.mkdir(parents=True, exist_ok=True)
         if api == "load":
-            (directory / "tiny.cpp").write_text(_SOURCE)
-        first = _signature(_build(api, directory, name, _SOURCE, []))
+            (directory / "tiny.h").write_text(_HEADER)
+            (directory / "tiny.cpp").write_text(_SOURCE_WITH_HEADER)
+        first = _signature(_build(api, directory, name, _first_source(api), []))
         source, flags = _apply(api, edit, directory)
         jobs.append(
             dict(

@@ -30,7 +30,12 @@ def _expected(op: str, shape: tuple, dtype: torch.dtype) -> traffic.Traffic:
     return getattr(traffic, op)(*shape, dtype)
 
 
-@exercise("0.1", "Count the bytes and FLOPs of an op", points=6)
+@exercise(
+    "0.1",
+    "Count the bytes and FLOPs of an op",
+    points=6,
+    forbids=("labkernels.traffic", "labkernels.roofline"),
+)
 def _grade_0_1(student, g):
     for op, _ in _op_cases(g):
         with g.case(f"{op}: bytes and FLOPs on random sizes and dtypes", points=1):
@@ -52,7 +57,9 @@ def _random_machine(g):
     return g.randint(100, 8000) * 1.0, g.randint(1, 1000) * 1.0  # GB/s, TFLOP/s
 
 
-@exercise("0.2", "Memory-bound or compute-bound?", points=3)
+@exercise(
+    "0.2", "Memory-bound or compute-bound?", points=3, forbids=("labkernels.traffic", "labkernels.roofline")
+)
 def _grade_0_2(student, g):
     cases = [
         ("elementwise ops", ["copy", "add", "add_relu", "softmax"]),
@@ -77,7 +84,12 @@ def _grade_0_2(student, g):
                 )
 
 
-@exercise("0.3", "Predict an op's best possible time on a machine", points=3)
+@exercise(
+    "0.3",
+    "Predict an op's best possible time on a machine",
+    points=3,
+    forbids=("labkernels.traffic", "labkernels.roofline"),
+)
 def _grade_0_3(student, g):
     for name, ops in [
         ("memory-bound ops", ["copy", "add", "add_relu_unfused", "softmax"]),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from labkernels.ch01_jit import diagnostics
-from labkernels.ch01_jit.rebuild import APIS, PROCESSES, measure_rebuilds, rebuild_facts, scenarios
+from labkernels.ch01_jit.rebuild import CHAPTER_EDITS, PROCESSES, measure_rebuilds, rebuild_facts, scenarios
 from labkernels.grading.core import CaseFailed, exercise
 
 CPU = torch.device("cpu")
@@ -111,10 +111,17 @@ EDIT_NAMES = {
     "touch": "the file touched (new mtime, same content)",
     "comment": "a comment added",
     "flag": "a -D flag added to extra_cflags",
+    "header": "the included header edited",
 }
 
 
-@exercise("1.2", "Predict which edits rebuild an extension", points=4, timeout_s=180)
+@exercise(
+    "1.2",
+    "Predict which edits rebuild an extension",
+    points=4,
+    timeout_s=180,
+    forbids=("labkernels.ch01_jit.rebuild",),
+)
 def _grade_1_2(student, g):
     predictions, errors = {}, {}
     for key in scenarios():
@@ -124,22 +131,28 @@ def _grade_1_2(student, g):
             errors[key] = e
     # Measured now, with this torch, in this grading process (skipped if no prediction was made at all).
     facts = rebuild_facts(measure_rebuilds()) if predictions else {}
-    for api in APIS:
-        for process in PROCESSES:
-            where = "the same process" if process == "same" else "a new process"
-            with g.case(f"{api}, then called again in {where}", points=1):
-                keys = [k for k in scenarios() if k[0] == api and k[2] == process]
-                for key in keys:
-                    if key in errors:
-                        raise errors[key]
-                wrong = []
-                for key in keys:
-                    said = predictions[key]
-                    if not isinstance(said, bool):
-                        raise CaseFailed(f"will_rebuild must return True or False, got {said!r}")
-                    if said != facts[key]:
-                        wrong.append(EDIT_NAMES[key[1]])
-                g.expect(not wrong, "wrong prediction for: " + "; ".join(wrong))
+
+    def judge(keys):
+        for key in keys:
+            if key in errors:
+                raise errors[key]
+        wrong = []
+        for key in keys:
+            said = predictions[key]
+            if not isinstance(said, bool):
+                raise CaseFailed(f"will_rebuild must return True or False, got {said!r}")
+            if said != facts[key]:
+                wrong.append(f"{key[0]}, {EDIT_NAMES[key[1]]}, {key[2]} process")
+        g.expect(not wrong, "wrong prediction for: " + "; ".join(wrong))
+
+    # The chapter measured these edits in front of you: 2 points. The header, which it did not: 1 point for
+    # each process, where only the mechanism (whose hash, which file times) gives the answer.
+    with g.case("the edits the chapter measured, both APIs, both processes", points=2):
+        judge([k for k in scenarios(CHAPTER_EDITS)])
+    for process in PROCESSES:
+        where = "the same process" if process == "same" else "a new process"
+        with g.case(f"load: the header its source includes edited, then called again in {where}", points=1):
+            judge([k for k in scenarios() if k[1] == "header" and k[2] == process])
 
 
 def relu_sq_reference(x: torch.Tensor) -> torch.Tensor:

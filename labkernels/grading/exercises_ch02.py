@@ -21,7 +21,13 @@ def _numbered_storage(n: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.float64)
 
 
-@exercise("2.1", "The storage position of a view element", points=3, timeout_s=60)
+@exercise(
+    "2.1",
+    "The storage position of a view element",
+    points=3,
+    timeout_s=60,
+    forbids=("labkernels.ch02_strides.views",),
+)
 def _grade_2_1(student, g):
     # student(index, sizes, strides, offset) -> int
     def check_view(t: torch.Tensor, count: int = 25):
@@ -58,7 +64,13 @@ def _as_result(value):
     return tuple(int(s) for s in sizes), tuple(int(s) for s in strides), int(offset), bool(contiguous)
 
 
-@exercise("2.2", "Predict a view chain's sizes, strides, offset and contiguity", points=4, timeout_s=60)
+@exercise(
+    "2.2",
+    "Predict a view chain's sizes, strides, offset and contiguity",
+    points=4,
+    timeout_s=60,
+    forbids=("labkernels.ch02_strides.views",),
+)
 def _grade_2_2(student, g):
     # student(sizes, strides, offset, ops) -> (sizes, strides, offset, is_contiguous)
     def check_chains(kinds, count: int, dims: int = 3):

@@ -130,7 +130,13 @@ def _grouped_order_reference(pid, num_pid_m, num_pid_n, group_size_m):
     return first_pid_m + (pid % num_pid_in_group) % group_rows, (pid % num_pid_in_group) // group_rows
 
 
-@exercise("3.4", "Grouped program order, in plain Python", points=2, timeout_s=60)
+@exercise(
+    "3.4",
+    "Grouped program order, in plain Python",
+    points=2,
+    timeout_s=60,
+    forbids=("labkernels.ch04_libraries.wave_tail", "labkernels.ch03_triton.matmul"),
+)
 def _grade_3_4(student, g):
     # student(pid, num_pid_m, num_pid_n, group_size_m) -> (pid_m, pid_n)
     def grids(count):
@@ -266,7 +272,13 @@ def _occupancy_cases(g) -> list[tuple[str, dict]]:
     return cases
 
 
-@exercise("3.5", "Read a profile: which resource limits occupancy", points=2, timeout_s=60)
+@exercise(
+    "3.5",
+    "Read a profile: which resource limits occupancy",
+    points=2,
+    timeout_s=60,
+    forbids=("labkernels.profile",),
+)
 def _grade_3_5(student, g):
     # student(row) -> (limiter, theoretical_occupancy)
     def answers():
@@ -334,7 +346,13 @@ def bound_rows_of(table_name: str) -> list[tuple[str, dict]]:
     ]
 
 
-@exercise("3.6", "Read a profile: memory-, compute- or latency-bound", points=1, timeout_s=60)
+@exercise(
+    "3.6",
+    "Read a profile: memory-, compute- or latency-bound",
+    points=1,
+    timeout_s=60,
+    forbids=("labkernels.profile",),
+)
 def _grade_3_6(student, g):
     # student(row) -> "memory" | "compute" | "latency"
     with g.case(
