@@ -27,6 +27,7 @@ import triton
 
 import recording
 from epilogue_variants import Bench
+from int8_variants import int8_case
 from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch05_fusion import prologue
 from labkernels.lane import on_gpu
@@ -52,13 +53,7 @@ def tile_call(a, w_int8, scale, c, cfg):
 
 
 def run(bench, m, n, k, dtype, device, configs) -> None:
-    torch.manual_seed(0)
-    a = torch.randn(m, k, device=device).to(dtype)
-    w_int8, scale = prologue.quantize(torch.randn(k, n, device=device).to(dtype))
-    ref = prologue.reference(a, w_int8, scale)
-    w16 = prologue.dequantize(w_int8, scale)
-    case = f"{m}x{n}x{k} {str(dtype)[6:]}"
-    cub = bench.run(case, "cublas, 16-bit weights", lambda: lambda: a @ w16, ref, None)
+    (a, w_int8, scale), ref, case, cub = int8_case(bench, m, n, k, dtype, device)
     for path in ("auto", "dequantize"):
         call = lambda p=path: lambda: prologue.int8_matmul(a, w_int8, scale, path=p)  # noqa: E731
         bench.run(case, f"int8_matmul {path}", call, ref, None, cub)

@@ -133,7 +133,9 @@ def compile_only() -> int:
     return failures
 
 
-def run(bench, m: int, n: int, k: int, dtype, device, configs) -> None:
+def int8_case(bench, m: int, n: int, k: int, dtype, device):
+    """Seeded inputs (a, w_int8, scale), their fp64 reference, the case's name, and cuBLAS on the 16-bit
+    weights timed first as the base row: what every int8 experiment starts from."""
     torch.manual_seed(0)
     a = torch.randn(m, k, device=device).to(dtype)
     w_int8, scale = prologue.quantize(torch.randn(k, n, device=device).to(dtype))
@@ -141,6 +143,11 @@ def run(bench, m: int, n: int, k: int, dtype, device, configs) -> None:
     w16 = prologue.dequantize(w_int8, scale)
     case = f"{m}x{n}x{k} {str(dtype)[6:]}"
     cub = bench.run(case, "cublas, 16-bit weights", lambda: lambda: a @ w16, ref, None)
+    return (a, w_int8, scale), ref, case, cub
+
+
+def run(bench, m: int, n: int, k: int, dtype, device, configs) -> None:
+    (a, w_int8, scale), ref, case, cub = int8_case(bench, m, n, k, dtype, device)
     bench.run(case, "eager", lambda: lambda: prologue.eager(a, w_int8, scale), ref, None, cub)
     # unfused with the library's GEMM: one dequantising pass (read KN int8, write KN), then cuBLAS
     dequant_cublas = lambda: lambda: a @ prologue.dequantize(w_int8, scale)  # noqa: E731
