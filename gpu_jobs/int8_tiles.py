@@ -3,9 +3,10 @@
 `prologue.int8_matmul` fuses the dequantisation up to `FUSED_MAX_M` rows and dequantises once above. Its
 autotuner offered 16-row tiles up to 64 rows and 128-row tiles above. Between the two, at M = 128-512 (a
 batch of decoding sequences), a 128-row tile gives one row of tiles: 4096 columns / 128 or 256 = 16 to 32
-programs for 132 SMs, and the fused kernel measured flat at about 65 us there, slower than dequantising
-first. Does a tile that fills the SMs at those M move the crossover? (It did: `prologue.MID_M_CONFIGS`, and
-`FUSED_MAX_M` from the `ch05_int8_paths` benchmark; this run is labkernels/reference/ch05_int8_tiles.csv.)
+programs for 132 SMs: the 128 x 256 rows of this run (labkernels/reference/ch05_int8_tiles.csv) take the
+same time from M = 16 to 1024, slower than dequantising first. Does a tile that fills the SMs at those M
+move the crossover? (It did: `prologue.MID_M_CONFIGS`, and `FUSED_MAX_M` from the `ch05_int8_paths`
+benchmark.)
 
 Times chapter 05's `_int8_matmul_kernel` itself, launched at each config below, beside cuBLAS on 16-bit
 weights and the shipped `int8_matmul` (auto and dequantize), at M = 16 ... 2048 with N = K = 4096 bf16. Every
