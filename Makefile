@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-# Extra pip arguments for torch, e.g. a CPU-only wheel index on a CI machine elsewhere (see README).
+# Extra pip arguments for torch alone, e.g. PyTorch's CPU-only wheel index (see README). Given once .venv
+# exists and different from what it was built with, .venv is rebuilt (pip keeps an installed torch otherwise).
 TORCH_PIP_ARGS ?=
 PORT ?= 8888
 DIR ?= submissions
@@ -23,9 +24,25 @@ export MPLBACKEND ?= module://matplotlib_inline.backend_inline
 # test worker, notebook kernel and grading run.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: lab lab-settings test-browser venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade release lint clean
+.PHONY: lab lab-settings test-browser venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade release lint clean test-newest
 
-$(VENV)/.installed: pyproject.toml
+# The TORCH_PIP_ARGS .venv was built with. A different non-empty value makes the venv out of date (below), and
+# its recipe starts from an empty venv; an empty value keeps the torch that is installed.
+TORCH_ARGS_FILE := $(VENV)/.torch-pip-args
+TORCH_ARGS_CHANGED :=
+ifneq ($(strip $(TORCH_PIP_ARGS)),)
+ifneq ($(wildcard $(VENV)/.installed),)
+ifneq ($(strip $(TORCH_PIP_ARGS)),$(strip $(file < $(TORCH_ARGS_FILE))))
+TORCH_ARGS_CHANGED := torch-pip-args-changed
+.PHONY: torch-pip-args-changed
+torch-pip-args-changed:
+	@echo "TORCH_PIP_ARGS=\"$(TORCH_PIP_ARGS)\" differs from what .venv was built with (\"$(file < $(TORCH_ARGS_FILE))\"): rebuilding .venv"
+	rm -rf $(VENV)
+endif
+endif
+endif
+
+$(VENV)/.installed: pyproject.toml $(TORCH_ARGS_CHANGED)
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	@# --no-compile: no bytecode for every module up front (20 s for torch alone on 2 cores); Python writes it
@@ -36,16 +53,27 @@ $(VENV)/.installed: pyproject.toml
 	@# builds its IRI grammars on import, 3.5 s of every process that reads a notebook (nbformat imports
 	@# jsonschema): each grading run, each nbval worker. Nothing in the course validates IRIs.
 	$(VPY) -m pip uninstall -y -q rfc3987-syntax
+	@printf '%s' "$(strip $(TORCH_PIP_ARGS))" > $(TORCH_ARGS_FILE)
 	touch $@
 
 venv: $(VENV)/.installed
 
+# The file browser hides JupyterLab's defaults and the install's metadata (labkernels.egg-info).
+HIDE_GLOBS := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "*.egg-info"]
+# A taken PORT (another Jupyter?) is not silently replaced by Jupyter's next one: the URL printed is the one
+# served (port_retries=0), a free port chosen here, and the notebooks are trusted (signed for this user: they
+# open with their stored widgets and figures, as committed).
 lab: lab-settings
 	@token=$$($(VPY) -c 'import secrets; print(secrets.token_hex(16))'); \
-	echo "Serving the course at http://127.0.0.1:$(PORT)/lab/tree/README.md?token=$$token  (Ctrl-C stops it)"; \
+	port=$$($(VPY) -c 'import socket, sys; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); print(sys.argv[1])' $(PORT) 2>/dev/null) || { \
+	  port=$$($(VPY) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	  echo "Port $(PORT) is in use (another server?): serving on $$port instead (PORT=... picks another)"; }; \
+	$(VENV)/bin/jupyter trust notebooks/*.ipynb notebooks/appendix/*.ipynb exercises/*.ipynb solutions/*.ipynb > /dev/null; \
+	echo "Serving the course at http://127.0.0.1:$$port/lab/tree/README.md?token=$$token  (Ctrl-C stops it)"; \
 	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 \
-	  --port=$(PORT) --IdentityProvider.token=$$token --ServerApp.root_dir=$(CURDIR) \
+	  --port=$$port --ServerApp.port_retries=0 --IdentityProvider.token=$$token --ServerApp.root_dir=$(CURDIR) \
 	  --LabApp.default_url=/lab/tree/README.md --LabApp.news_url=None \
+	  '--ContentsManager.hide_globs=$(HIDE_GLOBS)' \
 	  --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
@@ -92,7 +120,8 @@ bench:
 	$(PYTHON) -m labkernels bench
 
 # Re-execute the chapters and solutions in place, in the current environment, to store this lane's outputs
-# (the committed outputs come from an H200: run this on a GPU, then `make exercises`).
+# (the committed outputs come from the CPU lane, the H200's figures from the reference CSVs they read; on a GPU
+# this stores that GPU's outputs instead, which nbval checks in both lanes alike). Then `make exercises`.
 outputs:
 	$(INLINE) $(PYTHON) -m labkernels execute notebooks/*.ipynb solutions/*.ipynb
 
@@ -109,8 +138,27 @@ release: venv
 lint: venv
 	$(VENV)/bin/ruff check labkernels tests notebooks solutions
 
+# The CPU lane on the newest torch and triton releases (and the newest of every other package the course
+# uses), in a venv of its own, for an instructor's scheduled CI (e.g. weekly): a release that breaks the course
+# is seen the week it ships. Not in `make test` (the course's pins) nor `.ci/run`: it downloads torch afresh
+# (~2 GB with CUDA; TORCH_PIP_ARGS as for `make lab`) and takes as long as `make test`'s unit tests and nbval.
+NEWEST_VENV := .venv-newest
+test-newest:
+	rm -rf $(NEWEST_VENV)
+	$(PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(NEWEST_VENV)/bin/python -m pip install -q --no-compile --upgrade $(TORCH_PIP_ARGS) torch
+	$(NEWEST_VENV)/bin/python -m pip install -q --no-compile --upgrade --upgrade-strategy eager -e . triton \
+	  numpy ninja jupyterlab ipywidgets matplotlib nbval nbclient nbformat ipykernel pytest pytest-timeout \
+	  pytest-xdist tqdm filelock
+	$(NEWEST_VENV)/bin/python -c "import torch, triton; print('newest: torch', torch.__version__, '/ triton', triton.__version__)"
+	PATH=$(CURDIR)/$(NEWEST_VENV)/bin:$$PATH TORCH_EXTENSIONS_DIR=$(CURDIR)/.torch_extensions-newest MPLBACKEND=Agg \
+	  $(NEWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
+	PATH=$(CURDIR)/$(NEWEST_VENV)/bin:$$PATH TORCH_EXTENSIONS_DIR=$(CURDIR)/.torch_extensions-newest $(INLINE) \
+	  $(NEWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks solutions
+
 clean:
-	rm -rf .torch_extensions .grade-*.json .grade-*.log grade-report.json results
+	rm -rf .torch_extensions .torch_extensions-newest .grade-*.json .grade-*.log grade-report.json results
 
 # --- JupyterLab settings and the real-browser test ------------------------------------------------------
 # The course's JupyterLab defaults (no news popup; Markdown opens rendered), read by a lab started from the venv.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs GPU jobs (gpu_jobs/<name>.sh) and packs their logs and files into one archive, $OUT/results.tgz.
+# Runs GPU jobs (gpu_jobs/<name>.sh, or an experiment's experiments/<name>.sh) and packs their logs and files
+# into one archive, $OUT/results.tgz.
 # Usage: OUT=folder gpu_jobs/run_all.sh "jobs for GPU 0" ["jobs for GPU 1"]
 # With one GPU the second list runs after the first. BUDGET_S (default 540) bounds the whole run: a job is
 # cut off when the budget runs out, and the archive is still written.
@@ -17,7 +18,9 @@ run_lane() {
     local left=$((budget - 15 - SECONDS))
     if [ "$left" -lt 20 ]; then echo "== $job skipped: budget spent"; continue; fi
     local start=$SECONDS
-    CUDA_VISIBLE_DEVICES=$gpu OUT="$out/work" timeout "$left" bash "gpu_jobs/$job.sh" > "$out/work/$job.log" 2>&1
+    local script="gpu_jobs/$job.sh"
+    [ -e "$script" ] || script="experiments/$job.sh"
+    CUDA_VISIBLE_DEVICES=$gpu OUT="$out/work" timeout "$left" bash "$script" > "$out/work/$job.log" 2>&1
     echo "== $job on GPU $gpu: rc=$? in $((SECONDS - start)) s"
   done
 }

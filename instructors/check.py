@@ -4,6 +4,9 @@
    TORCH_PIP_ARGS for torch alone) and ships the course's JupyterLab settings.
 2. jupyterhub_config.py loads under both spawners, and (where jupyterhub, dockerspawner and
    jupyterhub-kubespawner are installed) every option it sets is a real option of that class.
+3. On Kubernetes, a learner's server starts with the course present: a volume mounted over the course folder
+   (empty when new) is first filled with the course by an init container of the same image, which keeps the
+   files already there.
 """
 
 from __future__ import annotations
@@ -17,11 +20,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+#: pip flags that change how, not what, pip installs: the Makefile skips bytecode (`--no-compile`: written on
+#: first import, into a venv the learner owns); the image keeps it (its venv is not the learner's to write).
+HOW_FLAGS = ("-q", "--no-cache-dir", "--no-compile")
+
+
 def install_lines(text: str) -> list[str]:
-    """The pip installs of torch and the course, normalised: venv paths and quiet flags dropped."""
+    """The pip installs of torch and the course, normalised: venv paths and `HOW_FLAGS` dropped."""
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    found = re.findall(r"pip install (?:-q )?(?:--no-cache-dir )?([^\n\\&]+)", code)
-    return [re.sub(r"\s+", " ", f).strip() for f in found if "torch==" in f or ".[course]" in f]
+    found = re.findall(r"pip install ([^\n\\&]+)", code)
+    lines = [" ".join(w for w in f.split() if w not in HOW_FLAGS) for f in found]
+    return [line for line in lines if "torch==" in line or ".[course]" in line]
 
 
 def check_image() -> list[str]:
@@ -80,8 +89,39 @@ def check_config() -> list[str]:
     return problems
 
 
+def course_volume_problems(config, course_dir: str = "/home/jovyan/course") -> list[str]:
+    """Kubernetes: for each profile, a volume mounted over `course_dir` must be filled first by an init
+    container of the profile's image that copies `course_dir` into it without replacing files (`cp -n`)."""
+    base = config.KubeSpawner
+    problems = []
+    for profile in base.get("profile_list", []):
+        spawner = {**base, **profile.get("kubespawner_override", {})}
+        name = profile.get("display_name")
+        for mount in spawner.get("volume_mounts", []):
+            if mount["mountPath"].rstrip("/") != course_dir:
+                continue
+            fills = [
+                init
+                for init in spawner.get("init_containers", [])
+                if init.get("image") == spawner.get("image")
+                and any(m["name"] == mount["name"] for m in init.get("volumeMounts", []))
+                and re.search(rf"cp -a -n {re.escape(course_dir)}/\. ", " ".join(init.get("command", [])))
+            ]
+            if not fills:
+                problems.append(
+                    f"{name}: volume {mount['name']!r} is mounted over {course_dir}, and no init container "
+                    f"of the image {spawner.get('image')} copies the course into it first: a new learner's "
+                    "server would start without the course"
+                )
+    return problems
+
+
+def check_kubernetes() -> list[str]:
+    return course_volume_problems(load_config("kubernetes"))
+
+
 if __name__ == "__main__":
-    problems = check_image() + check_config()
+    problems = check_image() + check_config() + check_kubernetes()
     for p in problems:
         print("PROBLEM:", p)
     print("ok" if not problems else f"{len(problems)} problem(s)")

@@ -16,8 +16,14 @@ SPAWNER = os.environ.get("LABKERNELS_SPAWNER", "docker")
 CPU_IMAGE = os.environ.get("LABKERNELS_CPU_IMAGE", "labkernels:cpu")
 GPU_IMAGE = os.environ.get("LABKERNELS_GPU_IMAGE", "labkernels:gpu")
 COURSE_DIR = "/home/jovyan/course"
-# The course's own JupyterLab defaults: open on the rendered README (settings come from the image).
-SINGLEUSER_ARGS = ["--ServerApp.root_dir=" + COURSE_DIR, "--LabApp.news_url=None"]
+# The course's own JupyterLab defaults: open on the rendered README (settings come from the image); the file
+# browser hides the install's metadata (labkernels.egg-info) besides JupyterLab's defaults.
+HIDE_GLOBS = '["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "*.egg-info"]'
+SINGLEUSER_ARGS = [
+    "--ServerApp.root_dir=" + COURSE_DIR,
+    "--LabApp.news_url=None",
+    "--ContentsManager.hide_globs=" + HIDE_GLOBS,
+]
 
 c.JupyterHub.bind_url = os.environ.get("LABKERNELS_HUB_URL", "http://0.0.0.0:8000")
 c.Spawner.default_url = "/lab/tree/README.md"
@@ -36,7 +42,8 @@ if SPAWNER == "docker":
     c.JupyterHub.hub_ip = "0.0.0.0"  # the learners' containers reach the hub over the Docker network
     c.DockerSpawner.network_name = os.environ.get("LABKERNELS_DOCKER_NETWORK", "labkernels")
     c.DockerSpawner.remove = True  # containers go, the learners' work stays in their volume
-    # Each learner's copy of the course (their notebooks and answers) lives in a named volume.
+    # Each learner's copy of the course (their notebooks and answers) lives in a named volume. Docker fills a
+    # new, empty named volume with what the image holds at its mount point: the course and the package.
     c.DockerSpawner.volumes = {"labkernels-{username}": COURSE_DIR}
     c.DockerSpawner.allowed_images = {"CPU lane": CPU_IMAGE, "GPU lane (one GPU)": GPU_IMAGE}
 
@@ -64,18 +71,43 @@ elif SPAWNER == "kubernetes":
         {"name": "course", "persistentVolumeClaim": {"claimName": "labkernels-{username}"}}
     ]
     c.KubeSpawner.volume_mounts = [{"name": "course", "mountPath": COURSE_DIR}]
+    # The image's user (NB_UID in the Dockerfile) owns the volume's files.
+    c.KubeSpawner.uid = 1000
+    c.KubeSpawner.fs_gid = 1000
+
+    def course_copy(image):
+        """Unlike Docker, Kubernetes mounts a new claim empty over the course folder, hiding the course and
+        the package the image installed there. This init container, from the same image, first copies the
+        course into the learner's volume; -n keeps every file already there (the learner's answers)."""
+        return [
+            {
+                "name": "course-copy",
+                "image": image,
+                "command": ["sh", "-c", f"cp -a -n {COURSE_DIR}/. /mnt/course/"],
+                "volumeMounts": [{"name": "course", "mountPath": "/mnt/course"}],
+                "securityContext": {"runAsUser": 1000},
+            }
+        ]
+
+    c.KubeSpawner.init_containers = course_copy(CPU_IMAGE)
     c.KubeSpawner.profile_list = [
         {
             "display_name": "CPU lane",
             "description": "2 cores, 8 GiB: every chapter runs, Triton under its interpreter.",
             "default": True,
-            "kubespawner_override": {"image": CPU_IMAGE, "cpu_limit": 2, "mem_limit": "8G"},
+            "kubespawner_override": {
+                "image": CPU_IMAGE,
+                "init_containers": course_copy(CPU_IMAGE),
+                "cpu_limit": 2,
+                "mem_limit": "8G",
+            },
         },
         {
             "display_name": "GPU lane (one GPU)",
             "description": "One NVIDIA GPU, 8 cores, 32 GiB: real timings.",
             "kubespawner_override": {
                 "image": GPU_IMAGE,
+                "init_containers": course_copy(GPU_IMAGE),
                 "cpu_limit": 8,
                 "mem_limit": "32G",
                 "extra_resource_limits": {"nvidia.com/gpu": "1"},

@@ -9,8 +9,17 @@ import sys
 from pathlib import Path
 
 
-def _check_report_path(report_path: Path) -> str | None:
-    """Before the (long) grading run: a report that cannot be written would lose every result."""
+def _check_report_path(report_path: Path, graded: Path) -> str | None:
+    """Before the (long) grading run: a report that cannot be written would lose every result, and one written
+    over a notebook or another file (not an earlier report) would destroy it."""
+    resolved, graded = report_path.resolve(), graded.resolve()
+    if report_path.suffix == ".ipynb" or resolved == graded or graded in resolved.parents:
+        return f"--json {report_path} is a notebook or lies in the graded folder {graded}: write it elsewhere"
+    if report_path.is_file():
+        try:
+            json.loads(report_path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return f"--json {report_path} exists and is not a grading report: it is not replaced"
     try:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         if report_path.is_dir():
@@ -42,12 +51,27 @@ def _chapters(args) -> list[str] | None:
 def _grade(args) -> int:
     import time
 
-    from labkernels.grading.classroom import GraderChanged, PackageSeal, is_class_folder
+    from labkernels.grading.classroom import GraderChanged, PackageSeal, VenvManifest, is_class_folder
+    from labkernels.grading.isolation import Unavailable, require
     from labkernels.grading.notebooks import grade_folder, score_table
+    from labkernels.grading.remote import PACKAGE_ROOT
 
+    if args.record_manifest:
+        VenvManifest().record()
+        print(f"recorded the venv's known-good state: {VenvManifest().path}")
+        return 0
+    if not args.dir:
+        print("make grade: name the folder to grade (one submission, or a class)", file=sys.stderr)
+        return 2
     if args.jobs < 1:
         print("make grade: -j must be at least 1", file=sys.stderr)
         return 2
+    try:
+        mode = require(args.unsafe, PACKAGE_ROOT)
+    except Unavailable as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 2
+    print(f"grading {mode}", file=sys.stderr)
     nb_timeout = args.notebook_timeout or None  # 0: no limit
     if is_class_folder(Path(args.dir)):
         return _grade_class(args, nb_timeout)
@@ -62,7 +86,7 @@ def _grade(args) -> int:
         )
         return 2
     report_path = Path(args.json or "grade-report.json")
-    problem = _check_report_path(report_path)
+    problem = _check_report_path(report_path, Path(args.dir))
     if problem:
         print(f"make grade: {problem}", file=sys.stderr)
         return 2
@@ -73,7 +97,7 @@ def _grade(args) -> int:
             cell_timeout=args.cell_timeout,
             notebook_timeout=nb_timeout,
             run_deadline=run_deadline,
-            seal=PackageSeal(),
+            seal=PackageSeal(venv=VenvManifest(), log=lambda m: print(m, file=sys.stderr)),
             chapters=_chapters(args),
         )
     except FileNotFoundError as e:
@@ -92,7 +116,7 @@ def _grade_class(args, nb_timeout: float | None) -> int:
     from labkernels.grading.classroom import GraderChanged, RefusedOutput, grade_class, summary
 
     out = Path(args.out or "grades")
-    if args.json and (problem := _check_report_path(Path(args.json))):
+    if args.json and (problem := _check_report_path(Path(args.json), Path(args.dir))):
         print(f"make grade: {problem}", file=sys.stderr)
         return 2
     try:
@@ -125,28 +149,35 @@ def _grade_class(args, nb_timeout: float | None) -> int:
 
 
 def _exercises(args) -> int:
-    from labkernels.grading.notebooks import out_of_sync, unsafe_exercise_folder, write_exercises
+    from labkernels.grading.notebooks import ExercisesRefused, out_of_sync, write_exercises
 
     solutions, exercises = Path(args.solutions), Path(args.exercises)
     if not solutions.is_dir():
         print(f"exercises: no such folder of solutions: {solutions}", file=sys.stderr)
         return 2
-    if args.check:
-        if not exercises.is_dir():
-            print(f"exercises: no such folder of exercises: {exercises}", file=sys.stderr)
-            print("run `make exercises` to generate exercises/ from solutions/", file=sys.stderr)
-            return 1
-        problems = out_of_sync(solutions, exercises)
-        for p in problems:
-            print(p, file=sys.stderr)
-        if problems:
-            print("run `make exercises` to regenerate exercises/ from solutions/", file=sys.stderr)
-        return 1 if problems else 0
-    refusal = unsafe_exercise_folder(solutions, exercises)
-    if refusal:
-        print(f"exercises: refusing to write: {refusal}", file=sys.stderr)
+    # `python -m labkernels exercises` replaces no edited notebook (it refuses and says how to keep them)
+    refresh = f"python -m labkernels exercises --solutions {solutions} --exercises {exercises}"
+    try:
+        if args.check:
+            if not exercises.is_dir():
+                print(f"exercises: no such folder of exercises: {exercises}", file=sys.stderr)
+                print(f"generate it from {solutions}: {refresh}", file=sys.stderr)
+                return 1
+            problems = out_of_sync(solutions, exercises)
+            for p in problems:
+                print(p, file=sys.stderr)
+            if problems:
+                print(
+                    f"refresh the stubs: {refresh}\n(it replaces no notebook you edited: it lists them and "
+                    "says how to get fresh stubs beside them)",
+                    file=sys.stderr,
+                )
+            return 1 if problems else 0
+        written = write_exercises(solutions, exercises, force=args.force)
+    except ExercisesRefused as e:
+        print(f"exercises: {e}", file=sys.stderr)
         return 2
-    for path in write_exercises(solutions, exercises):
+    for path in written:
         print(f"wrote {path}")
     return 0
 
@@ -200,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="labkernels")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grade", help="execute a folder of notebooks and score their exercises")
-    g.add_argument("dir", help="one submission (NN_*.ipynb) or a class: one folder per student")
+    g.add_argument("dir", nargs="?", help="one submission (NN_*.ipynb) or a class: one folder per student")
     g.add_argument("--json", help="full report (one submission: default grade-report.json)")
     g.add_argument("--cell-timeout", type=int, default=600, help="seconds per cell")
     g.add_argument("--notebook-timeout", type=float, default=1800, help="seconds per notebook (0: none)")
@@ -211,11 +242,20 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--out", help="a class: the gradebook's folder (default grades/)")
     g.add_argument("--force", action="store_true", help="a class: re-grade unchanged notebooks too")
     g.add_argument("--export", choices=["nbgrader"], help="a class: also write nbgrader.csv")
+    g.add_argument("--unsafe", action="store_true", help="grade without the OS sandbox (where none starts)")
+    g.add_argument(
+        "--record-manifest", action="store_true", help="record the venv as it is now as its known-good state"
+    )
     g.set_defaults(func=_grade)
     e = sub.add_parser("exercises", help="generate exercises/ from solutions/")
     e.add_argument("--solutions", default="solutions")
     e.add_argument("--exercises", default="exercises")
     e.add_argument("--check", action="store_true", help="only report whether exercises/ is up to date")
+    e.add_argument(
+        "--force",
+        action="store_true",
+        help="also replace exercise notebooks someone edited (answers are lost)",
+    )
     e.set_defaults(func=_exercises)
     b = sub.add_parser("bench", help="record the GPU reference results shipped in labkernels/reference")
     b.add_argument("names", nargs="*")

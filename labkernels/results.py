@@ -2,12 +2,22 @@
 
 Every row written carries the environment it was measured in (GPU name, torch/triton/CUDA versions, date,
 git revision), so a shipped H200 figure always says where it came from.
+
+A CSV cell is text: `None` and `""`, `True` and `"True"`, `12` and `"12"` look alike there. So `record` writes
+beside `<name>.csv` a small `<name>.types.json` with each value's type (per column, or per cell where a
+column mixes types) and the CSV's digest, and `load` gives every value back as it was recorded. A CSV without
+one (older shipped references, a file edited by hand: its digest no longer matches) is read by inference: a
+column is numbers when every non-empty cell is one, text otherwise.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
+import json
 import math
+import numbers
 import os
 import re
 import tempfile
@@ -59,6 +69,86 @@ def _column_types(header: list[str], rows: list[list[str]]) -> dict[str, bool]:
         cells = [row[i] for row in rows if row[i] != ""]
         numeric[name] = name not in STRING_COLUMNS and all(_number(c) is not None for c in cells)
     return numeric
+
+
+# --- the types sidecar ----------------------------------------------------------------------------------
+
+TYPES_SUFFIX = ".types.json"
+_TYPES_FORMAT = 1
+
+
+def types_path(csv_path: str | Path) -> Path:
+    """`<name>.types.json` beside `<name>.csv`."""
+    csv_path = Path(csv_path)
+    return csv_path.with_name(csv_path.stem + TYPES_SUFFIX)
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, numbers.Integral):
+        return "int"
+    if isinstance(value, numbers.Real):
+        return "float"
+    return "str"  # anything else is written as its str(): it comes back as that text
+
+
+def _cell(value) -> str:
+    kind = _kind(value)
+    if kind == "none":
+        return ""
+    if kind == "int":
+        return str(int(value))
+    if kind == "float":
+        return repr(float(value))  # the shortest text that reads back as the same float ('nan', 'inf' too)
+    return str(value)
+
+
+_DECODE = {
+    "none": lambda cell: None,
+    "bool": lambda cell: cell == "True",
+    "int": int,
+    "float": float,
+    "str": str,
+}
+
+
+def _column_kinds(table: Table) -> dict[str, str | list[str]]:
+    """Per column, its one type, or the type of each row's value where they differ (a missing key: "none")."""
+    kinds = {}
+    for name in table.columns:
+        column = [_kind(row.get(name)) for row in table.rows]
+        kinds[name] = column[0] if len(set(column)) == 1 else column
+    return kinds
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _typed_rows(path: Path, data: bytes, header: list[str], rows: list[list[str]]) -> list[dict] | None:
+    """The rows with the types `record` noted in the sidecar, or None where there is none that fits this file
+    (none written, or the CSV changed since)."""
+    try:
+        spec = json.loads(types_path(path).read_text())
+        if spec.get("format") != _TYPES_FORMAT or spec.get("sha256") != _digest(data):
+            return None
+        kinds = spec["columns"]
+        if list(kinds) != header:
+            return None
+        per_row = {
+            name: kind if isinstance(kind, list) else [kind] * len(rows) for name, kind in kinds.items()
+        }
+        if any(len(k) != len(rows) or not set(k) <= set(_DECODE) for k in per_row.values()):
+            return None
+        return [
+            {name: _DECODE[per_row[name][i]](cell) for name, cell in zip(header, row, strict=True)}
+            for i, row in enumerate(rows)
+        ]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 class Table:
@@ -145,17 +235,28 @@ def record(
                 f"{out} already holds a table with other columns ({old} vs {table.columns}); "
                 "record under another name, delete the file, or pass replace=True"
             )
+    cells = [{k: _cell(v) for k, v in row.items()} for row in table.rows]
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".csv.tmp", dir=path)
+    types_fd, types_tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".types.tmp", dir=path)
     try:
         with os.fdopen(fd, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=table.columns)
             writer.writeheader()
-            writer.writerows(table.rows)
+            writer.writerows(cells)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, out)  # atomic on one filesystem: readers see the old file or the new, never half
+        spec = {"format": _TYPES_FORMAT, "sha256": _digest(Path(tmp).read_bytes())}
+        spec["columns"] = _column_kinds(table)
+        with os.fdopen(types_fd, "w") as f:
+            json.dump(spec, f)
+            f.write("\n")
+        # atomic on one filesystem: readers see the old file or the new, never half. Between the two renames
+        # the old sidecar's digest does not match the new CSV, so it is not used.
+        os.replace(tmp, out)
+        os.replace(types_tmp, types_path(out))
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        Path(types_tmp).unlink(missing_ok=True)
         raise
     return out
 
@@ -173,10 +274,16 @@ class MalformedCSV(ValueError):
 
 
 def load(path: str | Path) -> Table:
-    """Read a CSV written by `record`. Text columns stay text; a column becomes numbers only when every
-    non-empty cell is a number (empty cells stay ""). A malformed file raises MalformedCSV naming the line."""
+    """Read a CSV written by `record`: each value as recorded (see the module's docstring). Without its types
+    sidecar, text columns stay text and a column becomes numbers only when every non-empty cell is a number
+    (empty cells stay ""). A malformed file raises MalformedCSV naming the line."""
     path = Path(path)
-    with path.open(newline="") as f:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MalformedCSV(f"{path}: not a text CSV file ({e.reason})") from None
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f, strict=True)
         try:
             header = next(reader, None)
@@ -193,8 +300,9 @@ def load(path: str | Path) -> Table:
                 rows.append(row)
         except csv.Error as e:
             raise MalformedCSV(f"{path}: line {reader.line_num}: {e}") from None
-        except UnicodeDecodeError as e:
-            raise MalformedCSV(f"{path}: not a text CSV file ({e.reason})") from None
+    typed = _typed_rows(path, data, header, rows)
+    if typed is not None:
+        return Table(typed)
     numeric = _column_types(header, rows)
     return Table(
         {k: (_number(v) if numeric[k] and v != "" else v) for k, v in zip(header, row, strict=True)}

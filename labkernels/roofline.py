@@ -394,7 +394,7 @@ def plot_roofline(points: list[Point], ceilings: list[Ceilings], ax=None, dtype:
 
 
 def _plot_points(ax, points: list[Point], own: Ceilings | None, dtype: str | None) -> None:
-    markers = "osD^vP*Xh<>"
+    markers = "osD^vh<>p8d"  # closed shapes only: hollow, each still reads as hollow (P, * and X do not)
     keys = list(dict.fromkeys(p.series or p.label for p in points if p.traffic.flops > 0))
     above = set()
     if own is not None:

@@ -72,7 +72,7 @@ def _graph_replay_quantiles(kernel_call, quantiles, rep_ms: float = 10.0, replay
     about `rep_ms` (at most GRAPH_TUNE_MAX_CALLS). `triton.testing.do_bench_cudagraph` measures the same, but
     captures through `torch.cuda.graph`, which synchronizes and empties torch's memory cache at every capture
     (and may run gc.collect()): the memory a process had cached was given back once per config. Tuning takes
-    as long either way (`gpu_jobs/tuning_cost.py`: 1.1-1.2 s a shape on the H200, once compiled)."""
+    as long either way (`experiments/tuning_cost.py`: 1.1-1.2 s a shape on the H200, once compiled)."""
     import torch
 
     stream = torch.cuda.Stream()

@@ -253,6 +253,75 @@ def test_a_library_that_crashes_its_loader_is_caught_in_a_child(tiny, monkeypatc
     assert not lib.exists()
 
 
+# A relink in progress, as `build.load` makes one after a source changed: the linker removes the old library
+# and writes the new one over seconds, its ELF header last. This child does that inside `guarded_load`, then
+# checks that the library it wrote is still the one at the path, and loads it.
+_RELINK = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import torch
+    from labkernels.ch01_jit import cache
+    lib = Path(sys.argv[1])
+    whole = lib.read_bytes()
+    def relink():
+        lib.unlink()
+        with open(lib, "wb") as f:
+            f.write(bytes(len(whole) // 2))  # half written, no header yet
+            f.flush()
+            print("LINKING", flush=True)
+            time.sleep(4)
+            f.seek(0)
+            f.write(whole)
+            inode = os.fstat(f.fileno()).st_ino
+        assert lib.exists() and lib.stat().st_ino == inode, "the library being linked was deleted meanwhile"
+        torch.ops.load_library(str(lib))
+        return str(lib)
+    cache.guarded_load(relink, lib, wait_seconds=60)
+    print("LOADED", flush=True)
+    """
+)
+
+
+def test_a_load_beside_a_relink_waits_for_it_and_deletes_nothing(tiny):
+    """The fresh-machine `make test-gpu` failure: a process arriving while another linked the extension judged
+    the half-written library damaged and deleted it, and every process that had built or waited for that
+    build then failed to load it (`cannot open shared object file`). A load now waits for the relink."""
+    lib = tiny / "tiny.so"
+    linker = subprocess.Popen(
+        [sys.executable, "-c", _RELINK, str(lib)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **CHILD,
+    )
+    try:
+        assert linker.stdout.readline().strip() == "LINKING", linker.stderr.read()
+        arriving = _tiny_load(tiny)  # arrives mid-link
+        stdout, stderr = linker.communicate(timeout=60)
+    finally:
+        linker.kill()
+    assert linker.returncode == 0 and "LOADED" in stdout, stderr[-2000:]
+    assert arriving.returncode == 0, arriving.stderr[-2000:]
+    assert "deleted it" not in arriving.stdout, arriving.stdout  # before: it deleted the library being linked
+    assert cache.elf_problem(lib) is None
+
+
+def test_a_library_under_a_live_build_lock_is_not_judged(tiny):
+    """A build in progress (torch's lock held by a live process) writes the library: checking it then would
+    find it half-written and delete it."""
+    lib = tiny / "tiny.so"
+    with open(lib, "r+b") as f:
+        f.write(bytes(64))  # no ELF header, as mid-link
+    holder = _hold_lock(tiny / "lock")
+    try:
+        assert cache.sound_library(lib) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lib.exists()
+
+
 def _hold_lock(lock: Path) -> subprocess.Popen:
     holder = subprocess.Popen(
         [

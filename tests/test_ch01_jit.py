@@ -143,6 +143,8 @@ def test_bad_inputs_raise_named_errors(device):
         (lambda: ops.add_relu(x.int(), y.int()), TypeError, "dtype float32, float64, float16 or bfloat16"),
         (lambda: ops.add_relu(x, 3.0), TypeError, "y must be a torch.Tensor"),
         (lambda: ops.scale_shift(x, "2", 1.0), TypeError, "a must be a Python float"),
+        (lambda: ops.scale_shift(x, 10**400, 0), ValueError, "a is an int with 401 digits, too large"),
+        (lambda: ops.scale_shift(x, 1.0, -(10**309)), ValueError, "b is an int with 310 digits"),
         (lambda: ops.add_relu_out(x, y, torch.empty(3, device=device)), RuntimeError, "x and out"),
         (
             lambda: ops.add_relu_out(x, y, torch.empty(64, dtype=torch.float64, device=device)),

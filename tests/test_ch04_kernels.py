@@ -11,7 +11,7 @@ import torch
 
 import labkernels
 from labkernels.ch04_libraries import conv as conv_mod
-from labkernels.ch04_libraries import splitk
+from labkernels.ch04_libraries import splitk, wave_tail
 from labkernels.ch04_libraries.conv import conv2d_nhwc
 from labkernels.ch04_libraries.splitk import matmul
 
@@ -248,6 +248,114 @@ def test_split_k_leaves_its_workspace_ready_for_the_next_launch(monkeypatch, det
             assert not names[name].any(), f"{name} left non-zero"
 
 
+def _interrupt_at(function_name: str):
+    """A trace hook that raises KeyboardInterrupt (what Jupyter's "interrupt kernel" raises) when a function
+    of that name is entered: under the interpreter a kernel is Python, so this lands inside the launch."""
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == function_name:
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return None
+
+    return hook
+
+
+@pytest.mark.skipif(labkernels.on_gpu(), reason="interpreted kernels are Python: an interrupt lands inside")
+@pytest.mark.parametrize(
+    "kernel, options, where",
+    [
+        ("split_k", {"split_k": 4, "deterministic": True}, "_add_slots"),  # tickets counted, never reset
+        ("split_k", {"split_k": 19}, "_cast_and_zero_kernel"),  # the atomic sum full, never cast nor zeroed
+        ("stream_k", {}, "_store_tile"),  # partials flagged, never consumed
+    ],
+)
+def test_an_interrupted_launch_leaves_later_calls_right(monkeypatch, kernel, options, where):
+    """A call interrupted between taking its zero-kept scratch (tickets, the atomic sum, stream-K's flags) and
+    its last launch leaves them dirty; every later call, of this shape, of others and through "auto", must
+    still be right: the next call that takes a buffer its last user never gave back zeroes it."""
+    monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
+    monkeypatch.setattr(splitk, "_scratch_buffers", {})
+    monkeypatch.setattr(splitk, "_taken", set(), raising=False)
+    k = options.get("split_k", 4) * splitk.SPLIT_K_GRANULE
+    a, b = _operands(29, 70, k)
+    _assert_matmul(matmul(a, b, kernel=kernel, **options), a, b, MATMUL_TOL[torch.float32])  # tuned, kept
+    sys.settrace(_interrupt_at(where))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            matmul(a, b, kernel=kernel, **options)
+    finally:
+        sys.settrace(None)
+    dirty = [key[2] for key, buffer in splitk._scratch_buffers.items() if key[2].endswith(("tickets", "sum",
+             "flags")) and buffer.any()]  # fmt: skip
+    assert dirty, "the interrupt left nothing to clean: the test would prove nothing"
+    if kernel == "stream_k":  # the interpreter runs programs in order, so stale flags hide there: look
+        flags = splitk._stream_k_buffers(DEVICE, splitk.num_sms())[1]
+    else:
+        split, deterministic = options["split_k"], options.get("deterministic", False)
+        mode = splitk._split_k_mode(split, deterministic)
+        flags = splitk._split_k_buffers(DEVICE, mode, split, 29, 70)[1]  # tickets, or the atomic sum
+    assert not flags.any(), "the next launch would be handed counts or sums its kernel never made"
+    for m, n, kk in [(29, 70, k), (17, 33, k - 5), (29, 70, k)]:
+        a, b = _operands(m, n, kk)
+        for call in ({"kernel": kernel, **options}, {"kernel": "auto"}, {"kernel": "split_k", "split_k": 2}):
+            _assert_matmul(matmul(a, b, **call), a, b, MATMUL_TOL[torch.float32])
+
+
+@pytest.mark.parametrize(
+    "kernel, options, junk",
+    [
+        ("split_k", {"split_k": 4, "deterministic": True}, 3),
+        ("split_k", {"split_k": 19}, 7.0),
+        ("stream_k", {}, 1),  # the GPU only: the interpreter runs the publishers first anyway
+    ],
+)
+def test_scratch_a_call_left_dirty_is_zeroed_before_the_next_launch(monkeypatch, kernel, options, junk):
+    """Both lanes: a call takes its zero-kept buffer and stops before its launch returns (as an interrupt
+    would on a GPU, between the split-K launch and the cast, say), leaving junk in it: the next call, this
+    shape or another, is still right (C poisoned, so a tile never stored shows)."""
+    monkeypatch.setattr(splitk, "torch", _PoisonedTorch())
+    monkeypatch.setattr(splitk, "_scratch_buffers", {})
+    monkeypatch.setattr(splitk, "_taken", set(), raising=False)
+    k = options.get("split_k", 4) * splitk.SPLIT_K_GRANULE
+    a, b = _operands(29, 70, k)
+    matmul(a, b, kernel=kernel, **options)  # tuned, plan kept
+    if kernel == "stream_k":
+        taken = splitk._stream_k_buffers(DEVICE, splitk.num_sms())[1]
+    else:
+        mode = splitk._split_k_mode(options["split_k"], options.get("deterministic", False))
+        taken = splitk._split_k_buffers(DEVICE, mode, options["split_k"], 29, 70)[1]
+    taken.fill_(junk)  # what a stopped call leaves: counts, flags or a sum
+    for m, n, kk in [(29, 70, k), (17, 33, k - 5)]:
+        a, b = _operands(m, n, kk)
+        _assert_matmul(matmul(a, b, kernel=kernel, **options), a, b, MATMUL_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("kernel, options", [("k_major", {"allow_tf32": True}), ("split_k", {"split_k": 2})])
+def test_matmul_second_order_gradients(kernel, options):
+    """create_graph=True: dA = dC B^T records its own backward, so d(sum(dA * W))/dB = W^T dC is computed,
+    never dropped (the backward's products go through the differentiable matmul)."""
+    a = torch.randn(19, 67, device=DEVICE, requires_grad=True)
+    b = torch.randn(67, 23, device=DEVICE, requires_grad=True)
+    g, w = torch.randn(19, 23, device=DEVICE), torch.randn(19, 67, device=DEVICE)
+    (grad_a,) = torch.autograd.grad(matmul(a, b, kernel=kernel, **options), a, g, create_graph=True)
+    assert grad_a.requires_grad, "the first-order gradient recorded no graph: second order would be lost"
+    (grad_b,) = torch.autograd.grad((grad_a * w).sum(), b)
+    atol, rtol = TF32_TOL if options.get("allow_tf32") else MATMUL_TOL[torch.float32]
+    torch.testing.assert_close(grad_b.double(), w.double().t() @ g.double(), atol=atol * 19**0.5, rtol=rtol)
+
+
+def test_wave_tail_refuses_sm_counts_without_waves():
+    """sms = 0 divided by zero; a negative count was accepted. Both, and a non-int, are named."""
+    a, b = _operands(48, 40, 24)
+    c = torch.empty(48, 40, device=DEVICE)
+    for sms in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="sms must be a positive int"):
+            wave_tail.run(a, b, c, "ieee", sms)
+        with pytest.raises(ValueError, match="sms must be a positive int"):
+            wave_tail.leftover(48, 40, 16, 16, sms)
+
+
 @pytest.mark.parametrize("split, deterministic", [(3, False), (10, True), (10, False)])
 def test_split_k_64_bit_offsets_on_a_small_shape(split, deterministic):
     """BIG (offsets past 2^31) compiles the same sums with 64-bit offsets, M x N included: forced on a small
@@ -480,7 +588,7 @@ print("ok")
 
 BIG_TF32 = """
 import torch, labkernels
-from labkernels.ch04_libraries import splitk
+from labkernels.ch04_libraries import splitk, wave_tail
 m, k = 2**16 + 3, 2**15 + 8  # a (m, k) fp32: 2^31+ elements, so A's offsets pass int32
 a = torch.randn(m, k, device="cuda")
 b = torch.randn(k, 16, device="cuda")  # row-major: copied K-major first
@@ -1026,7 +1134,7 @@ def test_every_gpu_config_list_keeps_a_config_for_any_shape(configs):
 
 
 def test_filling_experiments_every_variant_checked_and_none_beats_the_pick():
-    """The H200 records behind notebook 04's "Filling one wave": every variant matched fp64 (the stream-K
+    """The H200 records behind appendix 04's "Filling one wave": every variant matched fp64 (the stream-K
     tail also after its graph replays, tickets reset; bitwise on a second call unless its partials add by
     atomics), and what the notebook says of them holds: at 1536^3 no tile of blocks and no stream-K tail
     beat chapter 03's pick, the stream-K kernel alone on the leftover tiles took nearly as long as the whole
@@ -1109,7 +1217,7 @@ def test_wave_tail_records_are_checked_and_hold_what_notebook_04_says():
 
 
 def test_short_k_records_are_checked_and_hold_what_notebook_04_says():
-    """The H200 record behind notebook 04's "3000 x 5000 x 1000: what a tile pays once": every variant
+    """The H200 record behind appendix 04's "3000 x 5000 x 1000: what a tile pays once": every variant
     matched fp64 on a poisoned C and bitwise on a second call; cuBLAS's 128 x 232 tile makes whole waves on
     132 SMs where 128 x 256 does not; a K-step costs both kernels about the same while the ratio climbs
     with K; no variant gains more than the noise between runs, and the 128 x 128 tiles lose."""
@@ -1168,3 +1276,41 @@ def test_matmul_records_hold_what_notebook_04_says():
     for r in host.where(impl="labkernels"):
         torch_us = host.where(impl="torch.matmul", m=r["m"], n=r["n"], k=r["k"]).rows[0]["host_us"]
         assert r["host_us"] <= 2 * torch_us, (r["m"], r["n"], r["k"])
+
+
+# --- the registered ops: torch.library and torch.compile ---------------------------------------------------
+
+
+def test_ch04_ops_pass_torch_library_opcheck():
+    """`labkernels::ch04_matmul` (with its backward) and `labkernels::ch04_conv2d_nhwc` (no backward: its
+    inputs do not require grad): schema, autograd registration and fake tensors as torch checks them."""
+    a, b = _operands(19, 23, 67)
+    x, w = torch.randn(2, 7, 9, 5, device=DEVICE), torch.randn(4, 3, 3, 5, device=DEVICE)
+    bias = torch.randn(4, device=DEVICE)
+    ops = torch.ops.labkernels
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor")
+    for args in [(a.requires_grad_(), b.requires_grad_()), (a, b, "split_k", 2, True, False)]:
+        torch.library.opcheck(ops.ch04_matmul.default, args, test_utils=tests)
+    torch.library.opcheck(ops.ch04_conv2d_nhwc.default, (x, w, bias, 1, 1), test_utils=tests)
+
+
+def test_torch_compile_fullgraph_over_the_ch04_ops():
+    """A small model calling both ops compiles with fullgraph=True (no graph break) and matches eager,
+    gradients of the matmul included."""
+
+    def block(x, w, a, b):
+        y = conv2d_nhwc(x, w, padding=1)  # (N, H, W, K_out)
+        h = y.flatten(1)[:, : a.shape[0]] @ a  # torch's own matmul between the two
+        return matmul(h, b, kernel="split_k", split_k=2, deterministic=True).relu()
+
+    x, w = torch.randn(2, 5, 6, 3, device=DEVICE), torch.randn(4, 3, 3, 3, device=DEVICE)
+    a = torch.randn(24, 17, device=DEVICE)
+    b = torch.randn(17, 600, device=DEVICE, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out = compiled(x, w, a, b)
+    (grad_b,) = torch.autograd.grad(out.sum(), b)
+    ref = block(x, w, a, b)
+    (ref_grad_b,) = torch.autograd.grad(ref.sum(), b)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(grad_b, ref_grad_b, atol=1e-4, rtol=1e-4)

@@ -234,3 +234,97 @@ def test_first_calls_in_a_fresh_process():
     got = lib.first_calls([(4, 64, 14)], benchmark=True, changing=[3, 2])
     assert len(got["first_ms"]) == 1 and got["first_ms"][0] > 0 and got["steady_ms"][0] > 0
     assert got["changing_ms"] > 0
+
+
+def test_roof_at_least_leaves_no_product_above_its_roof():
+    """A product timed faster than the ceilings' own peak run (a busy machine during that run) raises the
+    peak to it, and the note says so; products in cache may pass the memory roof, the others raise it."""
+    from labkernels.results import Table
+    from labkernels.roofline import Ceilings, roof_tflops
+
+    low = Ceilings("busy CPU", bandwidth_gbps=10.0, peak_tflops={"float32": 0.01}, cache_bytes=1 << 20)
+    fast = 2 * 512**3 / (0.05 * 1e-3) / 1e12  # 512^3 in 0.05 ms: 5.4 TFLOP/s, far above the 0.01 measured
+    table = Table([{"m": 512, "n": 512, "k": 512, "precision": "float32", "ms": 0.05},
+                   {"m": 4096, "n": 4096, "k": 1, "precision": "float32", "ms": 1.0}])  # fmt: skip
+    raised, note = lib.roof_at_least(low, table)
+    assert raised.peak_tflops["float32"] == pytest.approx(fast) and low.peak_tflops["float32"] == 0.01
+    assert "peak" in note and "bandwidth" in note  # the 4096 x 4096 x 1 product moved 128 MiB in 1 ms
+    for r in table:
+        t = gm.gemm(r["m"], r["n"], r["k"], "float32")
+        assert t.flops / (r["ms"] * 1e-3) / 1e12 <= roof_tflops(raised, "float32", t.intensity) * (1 + 1e-9)
+    same, note = lib.roof_at_least(raised, table)
+    assert same.peak_tflops == raised.peak_tflops and "raised" not in note
+
+
+# --- the H200 records behind the chapter's claims ----------------------------------------------------------
+
+
+def test_wave_record_steps_by_a_tenth_because_cublas_switches_tiles():
+    """Notebook 04, section 3: at each wave step of the tile cuBLAS reported most often (256 x 128, the one
+    the plot draws) the measured time grows 5-20%, not the near doubling of a fixed tile, and the tile
+    changes across the step; the sweep reported many tiles."""
+    from labkernels.results import load_reference
+
+    wave = load_reference("ch04_wave")
+    ns, ms, tiles = wave.column("n"), wave.column("ms"), wave.column("tile")
+    used = [t for t in tiles if t]
+    assert max(set(used), key=used.count) == "256x128" and len(set(used)) >= 10
+    m, sms = wave.rows[0]["m"], wave.rows[0]["sms"]
+    steps = gm.wave_steps(m, max(ns), 256, 128, sms)
+    assert len(steps) == 3
+    for step in steps:
+        before = max(i for i, n in enumerate(ns) if n < step)
+        growth = ms[before + 1] / ms[before] - 1
+        fixed_tile = (
+            gm.waves(gm.tiles(m, ns[before + 1], 256, 128), sms)
+            / gm.waves(gm.tiles(m, ns[before], 256, 128), sms)
+            - 1
+        )  # what one fixed tile would cost: a whole wave more
+        assert 0.05 <= growth <= 0.2 and growth < fixed_tile / 2, (step, growth, fixed_tile)
+        assert tiles[before] != tiles[before + 1], step
+
+
+def test_conv_profile_record_shows_the_grid_that_leaves_sms_idle():
+    """Appendix 04, section 6: the implicit-GEMM launch at C = 512 is 100 programs of 128 threads, 0.38 waves
+    (32 of 132 SMs without a program), cuDNN's 120 of 384 threads, 0.91 waves."""
+    from labkernels.results import load_reference
+
+    rows = {r["case"]: r for r in load_reference("ch04_conv_profile")}
+    ours, cudnn = rows["ch04.conv_triton_c512"], rows["ch04.conv_cudnn_c512"]
+    assert (ours["launch__grid_size"], ours["launch__block_size"]) == (100, 128)
+    assert (cudnn["launch__grid_size"], cudnn["launch__block_size"]) == (120, 384)
+    assert ours["launch__waves_per_multiprocessor"] == pytest.approx(0.38)
+    assert cudnn["launch__waves_per_multiprocessor"] == pytest.approx(0.91)
+    assert gm.H200_SMS - ours["launch__grid_size"] == 32
+
+
+def test_stream_k_occupancy_table_flags_the_variant_wrong_after_replays():
+    """Appendix 04, section 3: one variant (atomic fix-up, 396 programs) ends its graph replays at 0.0188
+    relative error, about 11x its first call's; the table flags it and nothing else."""
+    from labkernels.ch04_libraries import bench_kernels
+
+    rows = bench_kernels.stream_k_occupancy().rows
+    flagged = [r for r in rows if r["flag"]]
+    assert len(flagged) == 1
+    (bad,) = flagged
+    assert bad["fix-up"] == "atomic" and bad["stream-K programs"] == 396
+    assert bad["error after replays"] == pytest.approx(0.0188)
+    others = [r["error after replays"] for r in rows if not r["flag"]]
+    assert bad["error after replays"] > 10 * max(others)
+
+
+def test_tuning_summary_keeps_only_the_one_launch_tail():
+    """Appendix 04's opening table: every design loses to the baseline of its run but the one-launch tail
+    (the one `auto` keeps) and the 3000 x 5000 x 1000 variants, which gain less than the noise (0.03)."""
+    from labkernels.ch04_libraries import bench_kernels
+
+    for r in bench_kernels.tuning_summary():
+        gain = r["best vs cuBLAS"] - r["baseline vs cuBLAS, same run"]
+        if r["kept"].startswith("yes"):
+            assert gain > 0, r["design"]
+        elif "noise" in r["kept"]:
+            assert 0 <= gain < 0.03, r["design"]
+        elif "host" in r["kept"]:  # faster as graph replays, lost plain calls to the host (one_launch_tail)
+            assert gain > 0, r["design"]
+        else:
+            assert gain < 0, r["design"]

@@ -309,29 +309,44 @@ def test_peak_memory_fused_is_linear_naive_quadratic():
 # --- the chapter's graders fail wrong answers ---------------------------------------------------------------
 
 
-def merge_without_guard(m_a, l_a, m_b, l_b):
-    m = torch.maximum(m_a, m_b)
-    return m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m)  # two empty states: -inf - -inf = NaN
+def combine_without_guard(outs, lses):
+    lse = torch.logsumexp(lses, dim=0)
+    return (outs * torch.exp(lses - lse)[..., None]).sum(dim=0), lse  # an empty split's NaN * 0 is NaN
 
 
-def blocks_ignoring_ragged_end(q_block, block_m, block_n, n_ctx):
-    # right when BLOCK_N divides BLOCK_M and N; past a ragged end it visits a block of keys that do not exist
-    diagonal = q_block * block_m // block_n
-    return list(range(diagonal)), list(range(diagonal, -(-(q_block + 1) * block_m // block_n)))
+def bytes_ignoring_causal(batch, heads, n_ctx, head_dim, element_size, block_m, block_n, causal):
+    kv_rows = -(-n_ctx // block_m) * n_ctx  # every query block reads all of K and V, causal or not
+    return (
+        batch
+        * heads
+        * (2 * n_ctx * head_dim * element_size + 4 * n_ctx + 2 * kv_rows * head_dim * element_size)
+    )
 
 
-def attention_by_torch(q, k, v, out):
-    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
-    out.copy_(torch.softmax(scores, dim=-1) @ v.float())
-    return out
+def blocks_aligned_top_left(q_block, block_m, block_n, n_q, n_k):
+    # right when n_q == n_k; with more keys than queries the last query must see every key
+    rows = range(q_block * block_m, min((q_block + 1) * block_m, n_q))
+    full, masked = [], []
+    for j in range(-(-n_k // block_n)):
+        keep = [c <= r and c < n_k for r in rows for c in range(j * block_n, (j + 1) * block_n)]
+        if any(keep):
+            (full if all(keep) else masked).append(j)
+    return full, masked
+
+
+def dq_by_torch(q, k, v, do, lse, delta, dq, causal):
+    p = torch.exp(q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None])
+    dq.copy_((p * (do.float() @ v.float().transpose(-2, -1) - delta[..., None])) @ k.float())
+    return dq
 
 
 @pytest.mark.parametrize(
     "ex_id, answer, lost",
     [
-        ("6.1", merge_without_guard, "empty chunks"),
-        ("6.2", blocks_ignoring_ragged_end, "ragged N"),
-        ("6.3", attention_by_torch, "odd length"),
+        ("6.1", combine_without_guard, "empty splits"),
+        ("6.2", bytes_ignoring_causal, "causal"),
+        ("6.3", blocks_aligned_top_left, "more keys than queries"),
+        ("6.4", dq_by_torch, "odd N"),
     ],
 )
 def test_chapter_graders_fail_wrong_answers(ex_id, answer, lost):
@@ -340,49 +355,65 @@ def test_chapter_graders_fail_wrong_answers(ex_id, answer, lost):
     record = grade(ex_id, answer)
     failed = [c for c in record["cases"] if c["status"] == "fail"]
     assert any(lost in c["case"] for c in failed), record
-    if ex_id == "6.3":
+    if ex_id == "6.4":
         assert record["earned"] == 0 and "torch's" in failed[0]["reason"], record
 
 
+def test_dq_grader_refuses_the_chapters_kernel():
+    """6.4 asks for the learner's own kernel: launching the chapter's dQ kernel is refused."""
+    from labkernels.grading import grade
+
+    def chapter_dq(q, k, v, do, lse, delta, dq, causal):
+        fa._bwd_launch(fa._attn_bwd_dq_kernel, q, k, v, do, (lse * fa.LOG2E).contiguous(), delta, (dq,),
+                       q.shape[-1] ** -0.5, causal, fa._bwd_default(q.shape[-1])[1])  # fmt: skip
+        return dq
+
+    record = grade("6.4", chapter_dq)
+    assert record["earned"] == 0 or ON_GPU, record
+
+
 @pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
-def test_split_row_merges_and_gives_up_with_nan_under_the_interpreter():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("mode", ["split", "split_lean", "split_hold"])
+def test_split_row_that_waits_too_long_computes_its_row_itself(mode, dtype):
     """The interpreter runs programs one after another: only the last chunk of a row sees all the others
-    arrive. Its result checks the merge of the chunks' states; the earlier chunks give up with NaN."""
-    x = torch.randn(2, 64) * 5
-    out = torch.zeros_like(x)
-    osm._launch(x, out, 16, 4, "split", max_spin=4)
-    assert out[:, :48].isnan().all()
-    torch.testing.assert_close(out[:, 48:].double(), osm.reference(x.double())[:, 48:], atol=1e-7, rtol=1e-5)
+    arrive, so every earlier chunk takes the fallback (it stops waiting after max_spin polls and reads the
+    row again). Before the fallback those chunks wrote NaN; now every element is the softmax, the rows of
+    -inf chunks, very negative maxima and a row of -inf (NaN, as torch) included."""
+    x = (torch.randn(4, 64) * 5).to(dtype)
+    x[1] = (x[1].float() - 1000.0).to(dtype)
+    x[1, 48:] = float("-inf")  # an empty last chunk in a very negative row: exp(0 - M) overflows
+    x[2, :16] = float("-inf")  # an empty first chunk: a fallback chunk
+    x[3] = float("-inf")
+    out = _poisoned(x.shape, dtype)
+    osm._launch(x, out, 16, 4, mode, max_spin=4)
+    _assert_matches_torch_softmax(out, x)
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
-def test_split_row_rescales_an_empty_chunk_to_zero_under_the_interpreter():
-    """A chunk keeps exp(x - m) and rescales it by exp(m - M) / L. A chunk of -inf (m = -inf) must give 0
-    even when the row's max M is very negative, where exp(0 - M) overflows to inf (0 * inf is NaN)."""
-    x = torch.randn(2, 64) - 1000.0
-    x[:, 48:] = float("-inf")  # the last chunk, the one the interpreter completes
-    out = torch.zeros_like(x)
-    osm._launch(x, out, 16, 4, "split", max_spin=4)
-    assert torch.equal(out[:, 48:], torch.zeros(2, 16))
+def test_split_fallback_agrees_with_the_merge_to_float32_rounding():
+    """A row made of one chunk repeated: every chunk's output is the same numbers. The last chunk merges the
+    published states, the others walk the row in WALK-sized blocks: the two must agree to fp32 rounding."""
+    x = (torch.randn(3, 16) * 5).repeat(1, 8)
+    out = _poisoned(x.shape, torch.float32)
+    osm._launch(x, out, 16, 4, "split", max_spin=2)
+    last = out[:, -16:]
+    for chunk in range(7):
+        torch.testing.assert_close(out[:, 16 * chunk : 16 * chunk + 16], last, atol=0, rtol=4e-7)
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")
-@pytest.mark.parametrize("mode", ["split_lean", "split_hold"])
 @pytest.mark.parametrize("shift", [0.0, -1000.0, 5000.0])
-def test_split_lean_merges_float16_words_under_the_interpreter(shift, mode):
-    """The lean split kernel (words, exp(x - m) as one fma with its rounding folded into the chunk's factor)
-    and the hold kernel (the same, exponentiating again after the wait): the chunk the interpreter completes
-    matches float64, also where the row's max is far from 0 (m * log2e rounds coarsely there, the correction
-    must undo it); the earlier chunks give up with NaN."""
+def test_split_lean_merges_float16_words_under_the_interpreter(shift):
+    """The lean split kernel (words, exp(x - m) as one fma with its rounding folded into the chunk's factor):
+    every chunk matches float64, also where the row's max is far from 0 (m * log2e rounds coarsely there,
+    the correction must undo it), whether it merged the published states or walked the row itself."""
     x = (torch.randn(2, 64) * 3 + shift).to(torch.float16)
     x[1, 50] = float("-inf")
     out = torch.zeros_like(x)
     assert osm.vector_width(x, out) % 2 == 0  # whole 32-bit words
-    osm._launch(x, out, 16, 4, mode, max_spin=4)
-    assert out[:, :48].isnan().all()
-    atol, rtol = SOFTMAX_TOL[torch.float16]
-    expected = osm.reference(x.double())[:, 48:]
-    torch.testing.assert_close(out[:, 48:].double(), expected, atol=atol, rtol=rtol)
+    osm._launch(x, out, 16, 4, "split_lean", max_spin=4)
+    _assert_matches_torch_softmax(out, x)
 
 
 def test_split_lean_is_a_candidate_only_where_asked_and_refuses_other_rows():
@@ -410,15 +441,13 @@ def test_hold_registers_are_the_held_words_plus_32():
 def test_split_lean_on_rows_that_are_not_words_takes_the_split_kernel(dtype, mode):
     """The tuning picks split_lean on contiguous rows, but a call may pass a view whose rows are not whole
     32-bit words (float32, or an odd row stride): it gets the plain split kernel at the same block and warps
-    (under the interpreter the last chunk of each row completes, the others give up with NaN)."""
+    (under the interpreter the last chunk of each row merges, the others compute their row's state alone)."""
     wide = (torch.randn(2, 65) * 5).to(dtype)
     x = wide[:, :64]  # row stride 65: no 32-bit words of 16-bit pairs
     out = torch.zeros(2, 64, dtype=dtype)
     assert osm.vector_width(x, out) % 2 == 1
     osm._launch(x, out, 16, 4, mode, max_spin=4)
-    assert out[:, :48].isnan().all()
-    atol, rtol = SOFTMAX_TOL[dtype]
-    torch.testing.assert_close(out[:, 48:].double(), osm.reference(x.double())[:, 48:], atol=atol, rtol=rtol)
+    _assert_matches_torch_softmax(out, x)
 
 
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
@@ -666,7 +695,7 @@ def test_pipelined_softmax_records_hold_what_notebook_06_says():
 
 
 def test_softmax_sass_counts_the_words_kernel_leaner():
-    """The shipped instruction counts (gpu_jobs/softmax_sass.py): the words kernel splits no 16-bit pairs
+    """The shipped instruction counts (experiments/softmax_sass.py): the words kernel splits no 16-bit pairs
     (no PRMT) and executes fewer instructions a thread than one element a register, at each warp count."""
     from labkernels.results import load_reference
 
@@ -676,3 +705,135 @@ def test_softmax_sass_counts_the_words_kernel_leaner():
         (words,) = table.where(kernel="prefetch_words", num_warps=warps).rows
         assert words["prmt"] == 0 < plain["prmt"]
         assert words["instructions"] < plain["instructions"]
+
+
+# --- fuzz findings (issue 48): each of these failed before the fix ------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sm_scale", [-0.3, -0.15])
+def test_flash_attention_negative_scale(sm_scale, causal):
+    """The running max must be the max of the *scaled* scores: max(qk) * scale is their min when scale < 0
+    (it gave NaN: key 5 has the largest qk, so the smallest scaled score, and exp2(s - that) overflowed)."""
+    q, k, v = _qkv(1, 2, 77, 64, ATTN_DTYPES[0])
+    q[..., 0] = 10.0
+    k[:, :, 5, 0] = 100.0  # qk about 1000 for every row: a scaled score far below the others
+    _check_attention(q, k, v, causal, sm_scale=sm_scale)
+
+
+def test_flash_attention_causal_nan_future_key_does_not_poison_earlier_rows():
+    """A NaN score of a key that a row may not see is masked away (-inf by selection, not by adding a large
+    negative number: NaN + -1e6 is NaN). Key 70 is in the diagonal block of rows 64..127."""
+    q, k, v = _qkv(1, 1, 100, 64, ATTN_DTYPES[0])
+    k[0, 0, 70] = float("nan")
+    o = flash_attention(q, k, v, causal=True)
+    want = reference(q, k, v, causal=True)
+    assert not o[0, 0, :70].isnan().any()
+    torch.testing.assert_close(o[0, 0, :70].double(), want[0, 0, :70], atol=_attention_atol(q), rtol=0)
+
+
+def _attention_atol(q):
+    return 1e-5 if q.dtype == torch.float32 else 2e-2
+
+
+def test_flash_attention_causal_huge_future_score_is_masked():
+    """A hidden key whose scaled score passes 1e6 leaked through a mask of -1e6."""
+    q, k, v = _qkv(1, 1, 100, 64, ATTN_DTYPES[0])
+    k[0, 0, 70] = q[0, 0, 66] * 1e5  # row 66 must not see key 70; its score there is about 8e5 * |q|^2
+    o = flash_attention(q, k, v, causal=True)
+    want = reference(q, k, v, causal=True)
+    torch.testing.assert_close(o[0, 0, :70].double(), want[0, 0, :70], atol=_attention_atol(q), rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_ragged_padding_loses_to_very_negative_scores(causal):
+    """Padding keys past N (a ragged last block, loaded as zeros) scored 0 - 1e6; real scores below that
+    lost to them. Every real key here scores the same -6.4e6: the softmax is uniform, O the mean of V."""
+    q, _, v = _qkv(1, 1, 100, 64, ATTN_DTYPES[0])
+    q = torch.ones_like(q)
+    k = torch.full_like(q, -1e5)
+    o = flash_attention(q, k, v, causal=causal)
+    want = reference(q, k, v, causal)
+    torch.testing.assert_close(o.double(), want, atol=_attention_atol(q), rtol=0)
+
+
+def test_flash_attention_causal_must_be_a_bool():
+    q, k, v = _qkv(1, 1, 8, 64, ATTN_DTYPES[0])
+    for bad in ("no", 1, None, torch.tensor(True)):
+        with pytest.raises(TypeError, match="causal must be a bool"):
+            flash_attention(q, k, v, causal=bad)
+    for bad in ("0.1", math.nan, math.inf, True):
+        with pytest.raises(TypeError, match="sm_scale"):
+            flash_attention(q, k, v, sm_scale=bad)
+
+
+def test_flash_attention_second_order_gradients_are_refused():
+    """create_graph=True returned a first-order gradient that silently had no graph (its own gradient would
+    be zero): now it raises."""
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 1, 20, 64, ATTN_DTYPES[0]))
+    o = flash_attention(q, k, v, causal=True)
+    with pytest.raises(RuntimeError, match="second-order"):
+        torch.autograd.grad(o.sum(), (q, k, v), create_graph=True)
+    (dq,) = torch.autograd.grad(flash_attention(q, k, v).sum(), (q,))  # first order still works
+    assert dq.shape == q.shape and not dq.requires_grad
+
+
+def test_online_softmax_refuses_an_out_whose_rows_overlap():
+    x = torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="rows overlap"):
+        online_softmax(x, torch.empty(1, 8, device=DEVICE).expand(4, 8))
+    with pytest.raises(ValueError, match="rows overlap"):
+        online_softmax(x, torch.empty(40, device=DEVICE).as_strided((4, 8), (4, 1)))
+    assert online_softmax(x[:1], torch.empty(1, 8, device=DEVICE).expand(1, 8)).shape == (1, 8)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["split", "split_lean", "split_hold"])
+def test_split_row_forced_fallback_on_the_gpu(mode, dtype):
+    """max_spin=0: no chunk waits at all, so every chunk whose partners have not yet published (most of them)
+    computes its row's state itself. Before the fallback those chunks wrote NaN. Checked against float64,
+    with the rows of test_split_lean_on_the_gpu that stress the merge (-inf chunks, far maxima, -inf rows)."""
+    if mode != "split" and dtype == torch.float32:
+        pytest.skip("the lean kernels are for 16-bit rows (float32 takes the split kernel)")
+    shape, block = (64, 262_144 + 6), 16384
+    x = (torch.randn(shape, device=DEVICE) * 4).to(dtype)
+    x[0] = (x[0].float() - 1000).to(dtype)
+    x[1] = (x[1].float() + 5000).to(dtype)
+    x[2] = (x[2].float() - 1000).to(dtype)
+    x[2, :block] = float("-inf")
+    x[3, :] = float("-inf")
+    out = _poisoned(shape, dtype)
+    osm._launch(x, out, block, 4, mode, max_spin=0)
+    _assert_matches_torch_softmax(out, x)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_attention_fuzz_on_the_gpu(dtype):
+    """The fuzz findings in 16-bit on the GPU, where tl.maximum may drop NaN: a NaN future key, a huge
+    hidden score, very negative scores against the ragged padding, a negative scale."""
+    q, k, v = _qkv(2, 3, 1000, 64, dtype)
+    k[:, :, 700] = float("nan")
+    o = flash_attention(q, k, v, causal=True)
+    want = reference(q.double(), k.double(), v.double(), True)
+    assert not o[:, :, :700].isnan().any()
+    err_torch = (
+        (F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, :, :700].double() - want[:, :, :700])
+        .abs()
+        .max()
+        .item()
+    )
+    assert (o[:, :, :700].double() - want[:, :, :700]).abs().max().item() <= 2 * err_torch + 1e-3
+    q, k, v = _qkv(1, 2, 1000, 64, dtype)
+    k[:, :, 700] = q[:, :, 690] * 200  # a hidden score far past 1e6 once scaled to base 2
+    o = flash_attention(q, k, v, causal=True)
+    want = reference(q, k, v, True)
+    assert (o[:, :, :700].double() - want[:, :, :700]).abs().max().item() <= 2e-2
+    q, k = torch.ones_like(q), torch.full_like(k, -2000.0)  # every score -1.6e7 (scaled)
+    for causal in (False, True):
+        o = flash_attention(q, k, v, causal=causal)
+        assert (o.double() - reference(q, k, v, causal)).abs().max().item() <= 2e-2
+    _check_attention(*_qkv(1, 2, 1000, 64, dtype), True, sm_scale=-0.2)

@@ -1,4 +1,4 @@
-"""The GPU experiments a device session will run next still run: their CPU-lane smoke modes (the interpreter,
+"""The GPU experiments (experiments/, see its README) still run: their CPU-lane smoke modes (the interpreter,
 tiny shapes, every variant checked against fp64 with its output poisoned first). Device time is scarce; a
 script broken by a change to the package should fail here, not on the GPU."""
 
@@ -18,9 +18,9 @@ cpu_lane = pytest.mark.skipif(labkernels.on_gpu(), reason="smoke modes are the C
 @cpu_lane
 @pytest.mark.parametrize("script", ["epilogue_variants.py", "int8_variants.py", "int8_tiles.py"])
 def test_experiment_smoke_mode_passes(script):
-    env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'gpu_jobs'}"}
+    env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'experiments'}"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "gpu_jobs" / script), "--smoke", "--budget-s", "600"],
+        [sys.executable, str(ROOT / "experiments" / script), "--smoke", "--budget-s", "600"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -28,9 +28,9 @@ def test_experiment_smoke_mode_passes(script):
 
 
 def _smoke_output(script: str) -> str:
-    """stdout of `gpu_jobs/<script> --smoke`, which must exit 0."""
+    """stdout of `experiments/<script> --smoke`, which must exit 0."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "gpu_jobs" / script), "--smoke"],
+        [sys.executable, str(ROOT / "experiments" / script), "--smoke"],
         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -39,14 +39,14 @@ def _smoke_output(script: str) -> str:
 
 @cpu_lane
 def test_alignment_experiment_smoke_mode_passes():
-    """gpu_jobs/alignment.py: the tiled kernel with ALIGN = 1 and with the true alignment, both checked."""
+    """experiments/alignment.py: the tiled kernel with ALIGN = 1 and with the true alignment, both checked."""
     out = _smoke_output("alignment.py")
     assert "'align': 1," in out and "'align': 4," in out
 
 
 @cpu_lane
 def test_register_race_diagnosis_smoke_mode_passes():
-    """gpu_jobs/conv_box_diagnose.py: the TF32 B^T-from-registers kernel it repeats on the GPU, with and
+    """experiments/conv_box_diagnose.py: the TF32 B^T-from-registers kernel it repeats on the GPU, with and
     without the wait, and the shipped path with either K-major kernel, checked."""
     out = _smoke_output("conv_box_diagnose.py")
     assert "wait=False: 0/2 differ, 0 wrong" in out and "wait=True: 0/2 differ, 0 wrong" in out
@@ -58,7 +58,7 @@ def test_register_race_diagnosis_smoke_mode_passes():
 
 @cpu_lane
 def test_tuning_cost_smoke_mode_passes():
-    """gpu_jobs/tuning_cost.py: two fresh tunings of the tiled matmul (the second must tune again, from
+    """experiments/tuning_cost.py: two fresh tunings of the tiled matmul (the second must tune again, from
     cleared caches), and gc's cost."""
     out = _smoke_output("tuning_cost.py")
     assert out.count("pick BLOCK_SIZE_M") == 2 and "host, again" in out
@@ -67,10 +67,10 @@ def test_tuning_cost_smoke_mode_passes():
 
 @cpu_lane
 def test_tuning_cost_ranks_smoke_mode_passes():
-    """gpu_jobs/tuning_cost.py --ranks: each config the pruning keeps, launched alone, timed in every round by
-    both timers."""
+    """experiments/tuning_cost.py --ranks: each config the pruning keeps, launched alone, timed in every round
+    by both timers."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "gpu_jobs" / "tuning_cost.py"), "--ranks", "--smoke"],
+        [sys.executable, str(ROOT / "experiments" / "tuning_cost.py"), "--ranks", "--smoke"],
         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -94,7 +94,7 @@ def test_matmul_fill_experiments_cpu_smoke_passes(script, checked):
     leftover tiles as a second launch and in the same launch, the TMA kernel's epilogue in column slices:
     each variant checked on odd shapes."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "gpu_jobs" / script), "--cpu-smoke"],
+        [sys.executable, str(ROOT / "experiments" / script), "--cpu-smoke"],
         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -209,11 +209,17 @@ def test_the_notebooks_environment_does_not_reach_the_grader(graded_attacks):
 
 
 def test_processes_the_notebook_started_are_killed(graded_attacks):
-    pidfile = Path("/tmp/labkernels-attack-leftover.pid")
-    assert pidfile.exists()
-    pid = int(pidfile.read_text())
+    proc, _ = graded_attacks["leftover"]
+    assert proc.returncode == 0, proc.stderr
     time.sleep(0.5)
-    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    alive = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and N.LEFTOVER.encode() in (entry / "cmdline").read_bytes():
+                alive.append(entry.name)
+        except OSError:
+            continue
+    assert alive == [], f"left running: {alive}"
 
 
 def test_possible_total_counts_every_chapter_whatever_was_handed_in(graded_attacks):

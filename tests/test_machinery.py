@@ -4,6 +4,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -309,7 +310,49 @@ def test_results_round_trip_keeps_every_value(tmp_path, monkeypatch):
     assert first["tag"] == "0123456"  # not 123456: the column holds text
     assert first["rev"] == "1e5"  # its column holds a non-number too, so it stays text
     assert (first["n"], first["ms"], first["big"]) == (3, 0.1 + 0.2, 2**62)
-    assert second["ms"] == float("inf") and first["speedup"] == 1.5 and second["speedup"] == ""
+    assert second["ms"] == float("inf") and first["speedup"] == 1.5 and second["speedup"] is None
+
+
+def _same(a, b) -> bool:
+    """Equal and of the same type (NaN equal to NaN)."""
+    if type(a) is not type(b):
+        return False
+    return a == b or (isinstance(a, float) and a != a and b != b)
+
+
+def test_results_round_trip_every_type(tmp_path):
+    """None, booleans, numeric-looking text, "nan"/"inf" text and ints in a mixed column come back as they
+    were recorded (before: "", "True", 100000.0, nan, "12")."""
+    rows = [
+        {"speedup": None, "ok": True, "label": "1e5", "code": "12", "note": "nan", "mixed": 7, "x": 0.5},
+        {"speedup": 1.5, "ok": False, "label": "5e12", "code": "13", "note": "inf", "mixed": "-", "x": None},
+        {"speedup": 2.0, "ok": True, "label": "", "code": "007", "note": "", "mixed": 2.5, "x": math.nan},
+    ]
+    loaded = load(record("types", rows, tmp_path)).rows
+    for want, got in zip(rows, loaded, strict=True):
+        for column, value in want.items():
+            assert _same(got[column], value), (column, value, got[column])
+
+
+def test_a_hand_edited_csv_is_read_by_inference(tmp_path):
+    """The types sidecar describes the CSV it was written with: after an edit it is not applied."""
+    path = record("types", [{"n": 1, "tag": "12"}], tmp_path)
+    assert load(path).rows[0]["tag"] == "12"
+    path.write_text(path.read_text().replace(",12", ",14"))
+    assert load(path).rows[0]["tag"] == 14  # inferred: a column of numbers
+
+
+def test_every_shipped_reference_table_loads_and_round_trips(tmp_path):
+    from labkernels.results import REFERENCE_DIR
+
+    paths = sorted(REFERENCE_DIR.glob("*.csv"))
+    assert paths
+    for path in paths:
+        table = load(path)
+        assert len(table) > 0, path
+        again = load(record(path.stem, table.rows, tmp_path)).rows
+        for want, got in zip(table.rows, again, strict=True):
+            assert all(_same(got[c], want[c]) for c in want), path
 
 
 def test_leading_zero_or_overflowing_numbers_stay_text(tmp_path):
@@ -339,7 +382,7 @@ def test_a_failing_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
     import csv
 
     path = record("unit", [{"n": 1, "ms": 0.5}], tmp_path)
-    before = path.read_text()
+    before, types_before = path.read_text(), (tmp_path / "unit.types.json").read_text()
 
     def fail(self, rows):
         raise OSError("disk full")
@@ -347,8 +390,9 @@ def test_a_failing_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(csv.DictWriter, "writerows", fail)
     with pytest.raises(OSError, match="disk full"):
         record("unit", [{"n": 2, "ms": 0.7}], tmp_path)
-    assert path.read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["unit.csv"]  # no temporary file left behind
+    assert path.read_text() == before and (tmp_path / "unit.types.json").read_text() == types_before
+    # no temporary file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unit.csv", "unit.types.json"]
 
 
 @pytest.mark.parametrize(
@@ -387,7 +431,12 @@ def _solution_folder(tmp_path):
     folder = tmp_path / "sol"
     folder.mkdir()
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION")]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Chapter 00 — exercises"),
+        nbformat.v4.new_code_cell("import math"),
+        nbformat.v4.new_code_cell("### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION"),
+        nbformat.v4.new_code_cell("assert answer == 42"),
+    ]
     path = folder / "00_x.ipynb"
     nbformat.write(nb, path)
     return folder, path
@@ -423,6 +472,108 @@ def test_exercises_check_fails_on_a_missing_folder(tmp_path, capsys):
     assert "no such folder of solutions" in capsys.readouterr().err
 
 
+def _exercise_cli(*args):
+    from labkernels.cli import main
+
+    return main(["exercises", *map(str, args)])
+
+
+def test_exercises_keeps_a_learners_edited_notebook(tmp_path, capsys):
+    folder, _ = _solution_folder(tmp_path)
+    ex = tmp_path / "ex"
+    assert _exercise_cli("--solutions", folder, "--exercises", ex) == 0
+    answered = (ex / "00_x.ipynb").read_text().replace("raise NotImplementedError", "answer = 41  #")
+    (ex / "00_x.ipynb").write_text(answered)
+    capsys.readouterr()
+    assert _exercise_cli("--solutions", folder, "--exercises", ex) != 0  # before: rewrote it, exit 0
+    err = capsys.readouterr().err
+    assert str(ex / "00_x.ipynb") in err and "--exercises ex-new" in err and "--force" in err
+    assert (ex / "00_x.ipynb").read_text() == answered
+    assert _exercise_cli("--solutions", folder, "--exercises", tmp_path / "ex-new") == 0  # stubs beside
+    assert _exercise_cli("--solutions", folder, "--exercises", ex, "--force") == 0
+    assert "answer = 41" not in (ex / "00_x.ipynb").read_text()
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_exercises_refreshes_stubs_that_only_the_solutions_changed(tmp_path):
+    """An instructor edits a solution notebook: its committed exercise is replaced (it is no one's work)."""
+    folder, path = _solution_folder(tmp_path)
+    ex = tmp_path / "ex"
+    assert _exercise_cli("--solutions", folder, "--exercises", ex) == 0
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "course")
+    path.write_text(path.read_text().replace("### BEGIN SOLUTION", "x = 0\\n### BEGIN SOLUTION"))
+    assert _exercise_cli("--check", "--solutions", folder, "--exercises", ex) != 0
+    assert _exercise_cli("--solutions", folder, "--exercises", ex) == 0
+    assert _exercise_cli("--check", "--solutions", folder, "--exercises", ex) == 0
+
+
+def test_exercises_check_points_to_a_command_that_keeps_work(tmp_path, capsys):
+    folder, path = _solution_folder(tmp_path)
+    ex = tmp_path / "ex"
+    assert _exercise_cli("--solutions", folder, "--exercises", ex) == 0
+    path.write_text(path.read_text().replace("### BEGIN SOLUTION", "x = 0\\n### BEGIN SOLUTION"))
+    capsys.readouterr()
+    assert _exercise_cli("--check", "--solutions", folder, "--exercises", ex) != 0
+    err = capsys.readouterr().err
+    assert "is stale" in err and "make exercises" not in err  # before: `make exercises` (which overwrote)
+    assert f"python -m labkernels exercises --solutions {folder} --exercises {ex}" in err
+
+
+def test_exercises_refuses_the_chapters_folder_and_a_file(tmp_path, capsys):
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    solutions, chapters = tmp_path / "solutions", tmp_path / "notebooks"
+    shutil.copytree(root / "solutions", solutions)
+    shutil.copytree(root / "notebooks", chapters, ignore=shutil.ignore_patterns("appendix"))
+    before = {p.name: p.read_text() for p in chapters.glob("*.ipynb")}
+    assert _exercise_cli("--solutions", solutions, "--exercises", chapters) != 0  # before: stubs, exit 0
+    assert "not generated exercises" in capsys.readouterr().err
+    assert {p.name: p.read_text() for p in chapters.glob("*.ipynb")} == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "scratch.ipynb").write_text("{}")
+    folder, _ = _solution_folder(tmp_path)
+    assert _exercise_cli("--solutions", folder, "--exercises", mine) != 0
+    assert "no solution notebook" in capsys.readouterr().err
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert _exercise_cli("--solutions", folder, "--exercises", a_file) == 2  # before: FileExistsError
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert a_file.read_text() == "mine"
+
+
+def test_exercises_name_the_file_and_line_of_a_broken_solution(tmp_path, capsys):
+    folder, path = _solution_folder(tmp_path)
+    path.write_text(path.read_text()[:-40])  # cut short: not JSON
+    assert _exercise_cli("--solutions", folder, "--exercises", tmp_path / "ex") == 2
+    err = capsys.readouterr().err
+    assert f"{path} is not a notebook: not JSON at line" in err and "Traceback" not in err
+    path.write_text(nbformat_notebook(["x = 1", "def f():\n    ### BEGIN SOLUTION\n    return 1\n"]))
+    assert _exercise_cli("--solutions", folder, "--exercises", tmp_path / "ex") == 2
+    err = capsys.readouterr().err
+    assert f"{path}, cell 1: line 2: ### BEGIN SOLUTION without an END" in err and "nested" not in err
+    unclosed = "### BEGIN SOLUTION\na = 1\n### BEGIN SOLUTION\nb = 2\n### END SOLUTION"
+    path.write_text(nbformat_notebook([unclosed]))
+    assert _exercise_cli("--solutions", folder, "--exercises", tmp_path / "ex") == 2
+    err = capsys.readouterr().err
+    assert "cell 0: the ### BEGIN SOLUTION at line 1 has no ### END SOLUTION before the next" in err
+    assert "nested" not in err and not (tmp_path / "ex").exists()
+
+
+def nbformat_notebook(sources: list[str]) -> str:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    return nbformat.writes(nb)
+
+
 def test_grade_json_into_a_new_folder_keeps_the_results(tmp_path, monkeypatch):
     import json
 
@@ -433,12 +584,14 @@ def test_grade_json_into_a_new_folder_keeps_the_results(tmp_path, monkeypatch):
     graded = []
     fake_grade = lambda folder, cell_timeout, **limits: graded.append(1) or fake  # noqa: E731
     monkeypatch.setattr(notebooks, "grade_folder", fake_grade)
+    folder = tmp_path / "submissions"  # a report is never written into the graded folder
+    folder.mkdir()
     report = tmp_path / "new" / "deeper" / "report.json"
-    assert main(["grade", str(tmp_path), "--json", str(report)]) == 0
+    assert main(["grade", str(folder), "--json", str(report)]) == 0
     assert json.loads(report.read_text()) == fake
     # a report path that can never be written is refused before grading starts
     graded.clear()
-    assert main(["grade", str(tmp_path), "--json", str(tmp_path / "new")]) == 2
+    assert main(["grade", str(folder), "--json", str(tmp_path / "new")]) == 2
     assert graded == []
 
 

@@ -53,3 +53,142 @@ def test_every_ignored_cell_says_why():
                 for line in marker:
                     reason = line.strip().removeprefix("# NBVAL_IGNORE_OUTPUT").strip(" —-:")
                     assert len(reason) > 8, f"{path.name}: an ignored cell must say why: {line!r}"
+
+
+# --- the instructors' set-up -----------------------------------------------------------------------------
+
+
+def _instructors_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("instructors_check", ROOT / "instructors" / "check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_instructors_check_passes():
+    """`python instructors/check.py` (the image installs what the Makefile installs, the hub config loads
+    and starts servers with the course): before, it exited 1 on the Makefile's --no-compile."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "instructors/check.py"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_kubernetes_learner_server_starts_with_the_course(tmp_path, monkeypatch):
+    """The rendered Kubernetes config: each profile's volume over the course folder is first filled by an
+    init container of its image (before, an empty claim hid the course and the package). Its copy command,
+    run here on folders standing for the image's course and a learner's volume, fills an empty volume and
+    keeps a learner's file."""
+    import subprocess
+
+    check = _instructors_check()
+    monkeypatch.setenv("LABKERNELS_SPAWNER", "kubernetes")
+    config = check.load_config("kubernetes")
+    assert check.course_volume_problems(config) == []
+    course = "/home/jovyan/course"
+    profiles = config.KubeSpawner.profile_list
+    for k, profile in enumerate(profiles):
+        (init,) = profile["kubespawner_override"]["init_containers"]
+        assert init["image"] == profile["kubespawner_override"]["image"]
+        image_course, volume = tmp_path / f"image{k}" / "course", tmp_path / f"volume{k}"
+        (image_course / "notebooks").mkdir(parents=True)
+        (image_course / "notebooks" / "00.ipynb").write_text("course")
+        (image_course / ".hidden").write_text("course")
+        mount = init["volumeMounts"][0]["mountPath"]
+        command = [
+            part.replace(course, str(image_course)).replace(mount, str(volume)) for part in init["command"]
+        ]
+        volume.mkdir()
+        subprocess.run(command, check=True, timeout=60)  # a new, empty volume
+        assert (volume / "notebooks" / "00.ipynb").read_text() == "course" and (volume / ".hidden").exists()
+        (volume / "notebooks" / "00.ipynb").write_text("my answers")
+        subprocess.run(command, check=True, timeout=60)  # the learner's next start
+        assert (volume / "notebooks" / "00.ipynb").read_text() == "my answers"
+    # the check fails a config whose volume hides the course
+    for profile in profiles:
+        profile["kubespawner_override"]["init_containers"] = []
+    assert len(check.course_volume_problems(config)) == len(profiles)
+
+
+# --- make lab -----------------------------------------------------------------------------------------------
+
+
+def _fake_venv(tmp_path):
+    """A venv for the Makefile whose `jupyter` only prints its arguments: `make lab` runs up to the server's
+    start without starting one."""
+    import os
+    import sys
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    jupyter = venv / "bin" / "jupyter"
+    jupyter.write_text(f'#!/bin/sh\necho "jupyter $*" | tee -a {venv / "jupyter.log"}\n')
+    jupyter.chmod(0o755)
+    (venv / ".installed").touch()  # newer than pyproject.toml: installed
+    return venv
+
+
+def _make(*args, timeout=120):
+    import subprocess
+
+    return subprocess.run(
+        ["make", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_make_lab_never_prints_a_url_it_does_not_serve(tmp_path):
+    """Port taken: before, the URL named it while Jupyter moved to the next port (and the link reached the
+    other server, with the wrong token). Now the URL's port is the one served, and Jupyter may not move."""
+    import re
+    import socket
+
+    venv = _fake_venv(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _make("lab", f"VENV={venv}", f"PORT={port}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    url = re.search(r"http://127\.0\.0\.1:(\d+)/lab/tree/README\.md\?token=(\w+)", done.stdout)
+    served = re.search(
+        r"jupyter lab .*--port=(\d+) --ServerApp\.port_retries=0 --IdentityProvider\.token=(\w+)", done.stdout
+    )
+    assert url and served, done.stdout
+    assert url.groups() == served.groups() and int(url.group(1)) != port
+    assert f"Port {port} is in use" in done.stdout
+    assert "*.egg-info" in done.stdout  # hidden in the file browser
+    assert "jupyter trust notebooks/" in (venv / "jupyter.log").read_text()  # notebooks open trusted
+
+
+def test_make_lab_with_other_torch_pip_args_rebuilds_the_venv(tmp_path):
+    """Before, `make lab TORCH_PIP_ARGS=...` did nothing once .venv existed (pip kept the torch it had)."""
+    venv = _fake_venv(tmp_path)
+    (venv / ".torch-pip-args").write_text("--index-url https://example.invalid/a")
+    same = _make("-n", "venv", f"VENV={venv}", "TORCH_PIP_ARGS=--index-url https://example.invalid/a")
+    assert "rebuilding" not in same.stdout and "pip install" not in same.stdout, same.stdout
+    other = _make("-n", "venv", f"VENV={venv}", "TORCH_PIP_ARGS=--index-url https://example.invalid/cpu")
+    assert "differs from what .venv was built with" in other.stdout, other.stdout + other.stderr
+    assert f"rm -rf {venv}" in other.stdout
+    assert '--index-url https://example.invalid/cpu "torch==' in other.stdout
+    plain = _make("-n", "venv", f"VENV={venv}")  # no arguments: the installed torch stays
+    assert "pip install" not in plain.stdout, plain.stdout
+
+
+def test_make_test_newest_runs_the_cpu_lane_on_unpinned_releases():
+    """`make test-newest`: a venv of its own, torch and triton without a pin (the newest on the index), then
+    the unit tests and nbval in it, with an extension cache of its own."""
+    done = _make("-n", "test-newest", "VENV=/nonexistent")
+    lines = done.stdout.replace("\\\n", " ").splitlines()  # one line per command
+    assert done.returncode == 0, done.stderr
+    torch_install = next(line for line in lines if "pip install" in line and " torch" in line)
+    assert ".venv-newest/bin/python" in torch_install and "torch==" not in torch_install
+    assert any("--upgrade-strategy eager" in line and " triton " in line for line in lines)
+    runs = [line for line in lines if "-m pytest" in line]
+    assert len(runs) == 2
+    assert all(".venv-newest/bin/python" in r and "torch_extensions-newest" in r for r in runs)

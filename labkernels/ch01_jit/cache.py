@@ -9,6 +9,14 @@
 2. **A lock whose owner died.** torch serialises builds with a `lock` file and waits for it to vanish,
    forever. `bounded_lock_wait()` makes that wait look at the lock: a lock no live process holds is removed
    and the build retried; a live one is waited on for at most `wait_seconds`, then an error names it.
+
+And one way it fails under processes at once: **a load meeting a relink.** The linker removes the library and
+writes the new one over seconds, its ELF header last. A process arriving then found a half-written file,
+judged it damaged and deleted it, and every process that had built or waited for that build failed to load
+it (`cannot open shared object file`): `make test-gpu` on a fresh machine, its suites side by side.
+`guarded_load` therefore holds a lock of its own (`flock` on `LOAD_LOCK` in the build directory) around the
+check, the build and the load: a process that arrives meanwhile waits, then finds the library whole. The
+kernel releases a `flock` when its process dies, so this lock is never stale.
 """
 
 from __future__ import annotations
@@ -110,8 +118,14 @@ def child_load_problem(path: Path, timeout: float = 300.0) -> str | None:
 
 
 def sound_library(path: Path) -> str | None:
-    """Check a cached library before torch loads it; delete it if damaged and say why (None: kept)."""
+    """Check a cached library before torch loads it; delete it if damaged and say why (None: kept).
+
+    Not while a live build holds torch's lock: that build is writing the library (torch then waits for it and
+    loads the result)."""
     if not path.exists() or not sys.platform.startswith("linux"):
+        return None
+    building = diagnostics.lock_status(path.parent)
+    if building is not None and not building.stale:
         return None
     problem = elf_problem(path)
     if problem is None and not is_verified(path):
@@ -173,12 +187,60 @@ def bounded_lock_wait(wait_seconds: float = WAIT_SECONDS):
         cpp_extension.FileBaton = original
 
 
+#: The file `guarded_load` locks in the build directory (not torch's `lock`: that one only guards the build).
+LOAD_LOCK = "labkernels-load.lock"
+
+
+def _load_lock_message(path: Path, waited: float) -> str:
+    holders = diagnostics.lock_holders(path)
+    who = f"process {', '.join(map(str, holders))}" if holders else "another process"
+    return (
+        f"waited {waited:.0f} s for {who} to finish building and loading the extension in {path.parent} "
+        f"(it holds {path}): wait for it or stop it, then run again"
+    )
+
+
+@contextlib.contextmanager
+def one_loader_at_a_time(directory: Path, wait_seconds: float = WAIT_SECONDS):
+    """Hold an exclusive `flock` on `directory/LOAD_LOCK` for the block, waiting at most `wait_seconds` for
+    another process's. Where no such lock can be taken (no `fcntl`, a read-only cache), the block runs
+    unlocked, as before."""
+    try:
+        import fcntl
+
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / LOAD_LOCK, os.O_RDWR | os.O_CREAT, 0o666)  # not inherited by children
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited > wait_seconds:
+                    raise BuildLockTimeout(_load_lock_message(directory / LOAD_LOCK, waited)) from None
+                time.sleep(_POLL_SECONDS)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def guarded_load(
     load: Callable[[], str], library: Path, *, wait_seconds: float = WAIT_SECONDS, attempts: int = 3
 ) -> str:
-    """Run `load()` (a torch `load`/`load_inline` call building into `library.parent`) with both guards:
-    a damaged `library` is deleted first (ninja links it again), a stale lock is removed and the build
-    retried, a live one waited on for at most `wait_seconds`. Returns what `load()` returns."""
+    """Run `load()` (a torch `load`/`load_inline` call building into `library.parent`) with the guards: one
+    process at a time checks, builds and loads (others wait, at most `wait_seconds`); a damaged `library`
+    is deleted first (ninja links it again), a stale lock is removed and the build retried, a live one
+    waited on for at most `wait_seconds`. Returns what `load()` returns."""
+    with one_loader_at_a_time(library.parent, wait_seconds):
+        return _guarded_load(load, library, wait_seconds, attempts)
+
+
+def _guarded_load(load: Callable[[], str], library: Path, wait_seconds: float, attempts: int) -> str:
     from torch.utils import cpp_extension
 
     damaged = sound_library(library)

@@ -89,6 +89,14 @@ def _check_contiguous(t: torch.Tensor, name: str) -> None:
 def _check_number(v, name: str) -> None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise TypeError(f"{name} must be a Python float, got {type(v).__name__}")
+    if isinstance(v, int):
+        try:
+            float(v)  # the op takes a double: an int past ~1.8e308 has none
+        except OverflowError:
+            raise ValueError(
+                f"{name} is an int with {len(str(abs(v)))} digits, too large for a float (the op takes a "
+                f"double, at most about 1.8e308 in magnitude)"
+            ) from None
 
 
 def _checked_pair(x: torch.Tensor, y: torch.Tensor) -> None:

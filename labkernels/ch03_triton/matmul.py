@@ -137,7 +137,7 @@ def filling_tiles(configs: list, m: int, n: int, sms: int) -> list:
     """Drop tiles so big that they leave more than 40% of the SMs idle, when other tiles give every SM (or
     as many as any config can) work. At 1536^3 a 128 x 256 tile makes 72 programs for 132 SMs: with 45% of
     the machine idle no per-SM speed wins that back, yet one tuning on the H200 picked it (0.67 of cuBLAS,
-    where another timing of the same configs picked one at 0.74: gpu_jobs/tuning_cost.py). Never empty."""
+    where another timing of the same configs picked one at 0.74: experiments/tuning_cost.py). Never empty."""
     reachable = min(sms, max(tile_count(c, m, n) for c in configs))
     return [c for c in configs if tile_count(c, m, n) >= MIN_FILL * reachable]
 
@@ -294,7 +294,8 @@ def matmul_tile(
 
     # The full K-steps load unmasked: a mask that varies along a row (k < K) caps each load at one element,
     # as does a row stride not known to be 16 bytes (ALIGN). Held back by both, 3000 x 5000 x 1000 (rows of
-    # 1000 and 5000 elements) took 13x the shipped matmul's time on the H200 (gpu_jobs/epilogue_variants.py).
+    # 1000 and 5000 elements) took 13x the shipped matmul's time on the H200
+    # (experiments/epilogue_variants.py).
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(0, K // BLOCK_SIZE_K):
         if INDEX_64:  # from the int64 column index: the int32 step BLOCK_SIZE_K * stride could wrap too
@@ -341,7 +342,7 @@ def _matmul_tma_persistent(
     NUM_PROGRAMS: tl.constexpr,  # one per SM
     # Triton's automatic warp specialization of the tile loop (a warp group issuing the TMA loads, others
     # the MMAs and the epilogue). No config turns it on: on the H200 it did not make the GELU epilogue at
-    # 4096^3 reliably faster, and it made the 128x128 configs slower (gpu_jobs/epilogue_variants.py
+    # 4096^3 reliably faster, and it made the 128x128 configs slower (experiments/epilogue_variants.py
     # --warp-specialize times it).
     WARP_SPECIALIZE: tl.constexpr = False,
 ):

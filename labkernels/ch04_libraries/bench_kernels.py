@@ -228,8 +228,8 @@ def host_per_call() -> Table | None:
 
 # --- filling the SMs where no power-of-two tile does -------------------------------------------------------
 
-# gpu_jobs/wide_tiles.py names a variant "BM+EM x BN+EN x BK sS wW [tma]": a (BM + EM) x (BN + EN) tile
-# made of up to four power-of-two blocks; gpu_jobs/sk_tail.py "BMxBNxBK sS wW" and its switches below.
+# experiments/wide_tiles.py names a variant "BM+EM x BN+EN x BK sS wW [tma]": a (BM + EM) x (BN + EN) tile
+# made of up to four power-of-two blocks; experiments/sk_tail.py "BMxBNxBK sS wW" and its switches below.
 _WIDE_NAME = re.compile(r"(\d+)\+(\d+)x(\d+)\+(\d+)x\d+ s\d+ w\d+( tma)?")
 _TAIL_NAME = re.compile(r"(\d+)x(\d+)x\d+ s\d+ w\d+ ?(.*)")
 _TAIL_SWITCHES = {  # in the order the names write them
@@ -334,7 +334,7 @@ def tile_count_cost(sms: int = 132) -> Table | None:
 
 
 def _occupancy_variant(r: dict) -> dict:
-    """gpu_jobs/sk_tail.py's --occupancy names: "64x128x64 s3 w4 [+N wave] [atomic] [P/SM] [maxnreg R]"."""
+    """experiments/sk_tail.py's --occupancy names: "64x128x64 s3 w4 [+N wave] [atomic] [P/SM] [maxnreg R]"."""
     name = r["impl"]
     per_sm = int(re.search(r"(\d+)/SM", name).group(1)) if "/SM" in name else 1
     cap = re.search(r"maxnreg (\d+)", name)
@@ -349,7 +349,19 @@ def _occupancy_variant(r: dict) -> dict:
         "fix-up": ("atomic" if "atomic" in name else "last piece adds all") if stream_k else None,
         "us": round(r["ms"] * 1e3, 1),
         "vs cuBLAS": round(r["of_cublas"], 3),
+        "error after replays": float(f"{r['rel_err_after_replays']:.3g}"),
+        "flag": _replay_flag(r),
     }
+
+
+REPLAY_DRIFT = 2.0  # an error after replays this many times the first call's: the variant is not sound
+
+
+def _replay_flag(r: dict) -> str:
+    """The flag "WRONG after replays" where a variant's error after CUDA-graph replays grew past REPLAY_DRIFT
+    x its first call's (its partial sums left state behind between replays); else empty."""
+    after, first = r["rel_err_after_replays"], r["rel_err"]
+    return "WRONG after replays" if after > REPLAY_DRIFT * max(first, 1e-12) else ""
 
 
 def stream_k_occupancy() -> Table | None:
@@ -362,14 +374,16 @@ def stream_k_occupancy() -> Table | None:
     shipped = table.where(impl="shipped").rows[0]
     first = {"tile": "(chapter 03's pick)", "stages": None, "whole tiles": None, "stream-K tiles": None,
              "stream-K programs": None, "register cap": None, "fix-up": "the shipped matmul, same run",
-             "us": round(shipped["ms"] * 1e3, 1), "vs cuBLAS": round(shipped["of_cublas"], 3)}  # fmt: skip
+             "us": round(shipped["ms"] * 1e3, 1), "vs cuBLAS": round(shipped["of_cublas"], 3),
+             "error after replays": float(f"{shipped['rel_err_after_replays']:.3g}"),
+             "flag": _replay_flag(shipped)}  # fmt: skip
     rows = [_occupancy_variant(r) for r in _variant_rows("ch04_sk_occupancy")]
     return Table([first, *sorted(rows, key=lambda r: -r["vs cuBLAS"])])
 
 
 def three_an_sm() -> Table | None:
     """1536^3 in 384 tiles, about three on every SM, each tile made of two power-of-two blocks (reference
-    ch04_three_an_sm; gpu_jobs/wide_tiles.py --three), beside chapter 03's pick, fastest first."""
+    ch04_three_an_sm; experiments/wide_tiles.py --three), beside chapter 03's pick, fastest first."""
     variants = _variant_rows("ch04_three_an_sm")
     if variants is None:
         return None
@@ -406,7 +420,7 @@ def wave_tail_tiles() -> Table | None:
     return Table(sorted(rows, key=lambda r: -r["vs cuBLAS"]))
 
 
-ONE_LAUNCH_NAMES = {  # gpu_jobs/one_launch_tail.py's names for what it timed
+ONE_LAUNCH_NAMES = {  # experiments/one_launch_tail.py's names for what it timed
     "package wave_tail": "matmul(kernel='wave_tail'): one launch",
     "package tiled": "matmul(kernel='tiled')",
     "two streams, 64x32 narrow": "two launches, two streams (the first form)",
@@ -527,3 +541,42 @@ def bench_conv() -> list[dict]:
             flush=True,
         )
     return rows
+
+
+def tuning_summary() -> Table | None:
+    """One row per design tried on the shapes chapter 03's matmul leaves behind (the appendix's records, graph
+    replays on the H200): its best variant against cuBLAS beside the baseline of the same run, and whether
+    the package kept it. None when a record is not shipped."""
+    fill, occ = filling_experiments(1536, 1536, 1536), stream_k_occupancy()
+    three, tails, one, short = three_an_sm(), wave_tail_tiles(), one_launch_tail(), short_k()
+    if None in (fill, occ, three, tails, one, short):
+        return None
+
+    def best(rows, column="vs cuBLAS"):
+        return max(r[column] for r in rows)
+
+    pick = fill.rows[0]["vs cuBLAS"]  # chapter 03's pick, the shipped matmul, in the same run
+    blocks = [r for r in fill if r["how"].startswith("tile of blocks") and "+" in r["how"]]  # 128 x 128+16...
+    stream = [r for r in fill if r["how"].startswith("stream-K tail")]
+    capped = [r for r in occ.rows[1:] if r["stream-K tiles"]]
+    by_what = {r["what"]: r for r in one}
+    variants = {r["variant"]: r for r in short[1]}
+    shipped_short = variants.pop("shipped matmul")["graph vs cuBLAS"]
+    rows = [
+        ("a tile of power-of-two blocks (128 x 144, 192 x 96, ...)", "1536^3", best(blocks), pick, "no"),
+        ("whole tiles, then a stream-K tail", "1536^3", best(stream), pick, "no"),
+        ("stream-K tail, registers capped (3 programs an SM)", "1536^3", best(capped),
+         occ.rows[0]["vs cuBLAS"], "no"),
+        ("three tiles an SM, each of two blocks", "1536^3", best(r for r in three if "+" in r["made of"]),
+         three.rows[0]["vs cuBLAS"], "no"),
+        ("leftover tiles narrower, second launch on a second stream", "1536^3",
+         best(r for r in tails if "second stream" in r["launched"]),
+         next(r["vs cuBLAS"] for r in tails if r["leftover tiles as"].startswith("(none")), "no: host cost"),
+        ("leftover tiles narrower, in the same launch (wave_tail)", "1536^3",
+         by_what["matmul(kernel='wave_tail'): one launch"]["graph vs cuBLAS"],
+         by_what["matmul(kernel='tiled')"]["graph vs cuBLAS"], "yes: auto picks it"),
+        ("epilogue slices, groupings, no flattening, warp specialization", "3000x5000x1000",
+         best(variants.values(), "graph vs cuBLAS"), shipped_short, "no: within noise"),
+    ]  # fmt: skip
+    names = ("design", "shape", "best vs cuBLAS", "baseline vs cuBLAS, same run", "kept")
+    return Table(dict(zip(names, row, strict=True)) for row in rows)

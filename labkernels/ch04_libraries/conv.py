@@ -69,7 +69,7 @@ GPU_CONFIGS = [
     # Few output pixels (C=256 at 14^2, C=512 at 7^2: M = 6272 / 1568): 128 x 128 tiles number 98 / 52 for
     # 132 SMs. Shorter tiles make 2x the programs, and at 64 x 64 two fit an SM. Kept only for shapes whose
     # 128 x 128 tiles make under two waves: C=128 at 28^2 (196 tiles, 1.5 waves) measured 0.77x cuDNN with
-    # 256 x 128 tiles and 0.97x with 64 x 128 x 64, 3 stages (gpu_jobs/conv_variants.py).
+    # 256 x 128 tiles and 0.97x with 64 x 128 x 64, 3 stages (experiments/conv_variants.py).
     _config(64, 128, 64, stages=3, warps=4),
     _config(64, 128, 64, stages=4, warps=4),
     _config(64, 256, 64, stages=3, warps=8),
@@ -198,7 +198,7 @@ def _conv_box_kernel(
         acc = tl.dot(a.reshape(BLOCK_SIZE_M, BLOCK_SIZE_K), b, acc, input_precision="ieee")
         # The reshaped box reaches the tensor cores from registers, and Triton (3.6 and 3.7) keeps a step's
         # MMAs running while the next step overwrites those registers: measured on the H200, some configs
-        # then gave wrong outputs in some runs (gpu_jobs/conv_box_diagnose.py). Using acc here makes the
+        # then gave wrong outputs in some runs (experiments/conv_box_diagnose.py). Using acc here makes the
         # compiler wait for this step's MMAs; the next step's TMA copies are already in flight.
         acc = acc + 0.0
     if HAS_BIAS:
@@ -259,7 +259,7 @@ def _box_shape(batch: int, H: int, W: int, pixels: int) -> tuple[int, int, int]:
 
 
 # (pixels per box, BLOCK_SIZE_N, BLOCK_SIZE_K, stages, warps): measured on the H200 against cuDNN (fp16,
-# ResNet-50 3x3 stages, gpu_jobs/conv_variants.py --tma); the tuner times those that fit each shape.
+# ResNet-50 3x3 stages, experiments/conv_variants.py --tma); the tuner times those that fit each shape.
 BOX_GPU_CONFIGS = [
     (64, 64, 64, 3, 4),
     (64, 128, 64, 3, 4),
@@ -473,7 +473,10 @@ def conv2d_nhwc(
     bfloat16 on the GPU; float32 anywhere), plus an optional bias (K_out,). Returns y (N, P, Q, K_out)
     contiguous (NHWC) in x's dtype, accumulated in fp32. The first call of a shape autotunes.
     kernel: "implicit_gemm", "tma_box" (stride 1 and "same" padding only; the module docstring says what
-    each does) or "auto"."""
+    each does) or "auto". No backward: inputs that require grad are refused. Registered as
+    `torch.ops.labkernels.ch04_conv2d_nhwc`, so it compiles with torch.compile."""
+    if torch.compiler.is_compiling():  # the registered op: its fake gives torch.compile the output's shape
+        return torch.ops.labkernels.ch04_conv2d_nhwc(x, w, bias, stride, padding, kernel)
     try:
         fast_key = _launch_key(x, w, bias, stride, padding, kernel)
         known = _launches.get(fast_key)
@@ -516,6 +519,25 @@ def conv2d_nhwc(
     if fast_key is not None:
         _launches[fast_key] = _Known(y.shape, bias is None or bias.is_contiguous(), launcher)
     return y
+
+
+@torch.library.custom_op(
+    "labkernels::ch04_conv2d_nhwc",
+    mutates_args=(),
+    schema="(Tensor x, Tensor w, Tensor? bias=None, int stride=1, int padding=0, str kernel='auto') "
+    "-> Tensor",
+)
+def _conv_op(x, w, bias=None, stride=1, padding=0, kernel="auto"):
+    return conv2d_nhwc(x, w, bias, stride=stride, padding=padding, kernel=kernel)
+
+
+@_conv_op.register_fake
+def _(x, w, bias=None, stride=1, padding=0, kernel="auto"):
+    _check(x, w, bias, stride, padding)
+    if kernel not in KERNELS:  # whether "tma_box" can run depends on addresses: the real call says
+        raise ValueError(f"conv2d_nhwc: kernel must be one of {KERNELS}, got {kernel!r}")
+    (batch, H, W, _), (k_out, R, S, _) = x.shape, w.shape
+    return x.new_empty((batch, output_size(H, R, stride, padding), output_size(W, S, stride, padding), k_out))
 
 
 def _box_call(x, w, bias, y, padding: int, fast_key) -> torch.Tensor:

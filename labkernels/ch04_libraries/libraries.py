@@ -9,6 +9,7 @@ no cudnn.benchmark).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -23,6 +24,7 @@ from labkernels import timing
 from labkernels.ch04_libraries import gemm_model
 from labkernels.lane import DEVICE, LANE
 from labkernels.results import Table
+from labkernels.roofline import Ceilings
 
 # --- TF32: the format and the settings ---------------------------------------------------------------------
 
@@ -164,6 +166,33 @@ def gemm_sweep(shapes: list[tuple[int, int, int]], precisions: list[str]) -> Tab
 
     table = sweep(one, {"shape": shapes, "precision": precisions}, desc="matmul")
     return Table({k: v for k, v in r.items() if k != "shape"} for r in table.rows)
+
+
+def roof_at_least(ceilings: Ceilings, table: Table) -> tuple[Ceilings, str]:
+    """(ceilings that no product of `table` (a `gemm_sweep`) passes, a note saying how the roof was measured).
+
+    A peak is the best the library reaches. On a busy machine (two cores shared, say) the ceilings' own run
+    and the sweep's products are timed at different moments, and a product may then beat the peak measured
+    before it: each precision's peak is raised to the fastest product timed. Likewise the bandwidth, for the
+    products whose bytes do not fit the cache (those that do may pass the memory roof: they never left it)."""
+    peaks = dict(ceilings.peak_tflops)
+    bandwidth = ceilings.bandwidth_gbps
+    raised = []
+    for r in table:
+        t = gemm_model.gemm(r["m"], r["n"], r["k"], r["precision"])
+        tflops = timing.tflops(t.flops, r["ms"])
+        if tflops > peaks.get(r["precision"], float("inf")):
+            peaks[r["precision"]] = tflops
+            raised.append("peak")
+        in_cache = ceilings.cache_bytes is not None and t.bytes <= ceilings.cache_bytes
+        needed_gbps = timing.gbps(t.bytes, r["ms"])
+        if not in_cache and tflops > t.intensity * bandwidth / 1e3 and needed_gbps > bandwidth:
+            bandwidth = needed_gbps
+            raised.append("bandwidth")
+    note = "roof: the peak and copy bandwidth measured in this cell"
+    if raised:
+        note += " (" + ", ".join(sorted(set(raised))) + " raised to the fastest product timed beside it)"
+    return dataclasses.replace(ceilings, peak_tflops=peaks, bandwidth_gbps=bandwidth), note
 
 
 # --- which kernel the library ran --------------------------------------------------------------------------

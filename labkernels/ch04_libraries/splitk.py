@@ -45,7 +45,7 @@ The copy's alternative, C^T = B^T A^T with B^T fed to wgmma from registers (wher
 copies nothing, but Triton (3.6, 3.7) lets a step's register-operand MMAs run on while the next step loads
 new values into those registers, which PTX leaves undefined (chapter 04's box convolution gave wrong outputs
 that way). Waiting for each step's MMAs makes it correct and slower than the copy
-(gpu_jobs/conv_box_diagnose.py --wait-configs measures both).
+(experiments/conv_box_diagnose.py --wait-configs measures both).
 """
 
 from __future__ import annotations
@@ -506,19 +506,37 @@ def num_sms(device: torch.device = DEVICE) -> int:
 
 
 _scratch_buffers: dict[tuple, torch.Tensor] = {}
+ZERO_KEPT = ("split_k tickets", "split_k sum", "stream_k flags")  # the `zeroed` buffers below
+# Zero-kept buffers handed to a call that has not yet launched all its kernels (`_returned` takes them off).
+_taken: set[tuple] = set()
 
 
 def _scratch(device: torch.device, name: str, numel: int, dtype: torch.dtype, zeroed: bool = True):
     """A buffer of at least `numel` elements per device, stream and name, kept across calls. `zeroed`: zeros
     when allocated, and the kernels that use it leave it at zero (tickets, flags, the atomic sum), so later
     launches and CUDA-graph replays need no memset. Per stream, because kernels on two streams may run at
-    once; one stream runs its launches one after the other."""
+    once; one stream runs its launches one after the other.
+    A call stopped between taking a zero-kept buffer and its last launch (Jupyter's "interrupt kernel", an
+    exception; under the interpreter, in the middle of a kernel) can leave counts or sums in it: such a
+    buffer is still marked taken, and the next call that takes it zeroes it first."""
     key = (device, _current_stream(device), name)
     buffer = _scratch_buffers.get(key)
     if buffer is None or buffer.numel() < numel:
         allocate = torch.zeros if zeroed else torch.empty
         buffer = _scratch_buffers[key] = allocate(numel, device=device, dtype=dtype)
+    elif zeroed and key in _taken:  # its last user never returned: whatever it left is not zero
+        buffer.zero_()
+    if zeroed:
+        _taken.add(key)
     return buffer
+
+
+def _returned(device: torch.device) -> None:
+    """The call on this device and stream has launched all its kernels, and complete kernels leave the
+    zero-kept buffers at zero: they are no longer taken."""
+    stream = _current_stream(device)
+    for name in ZERO_KEPT:
+        _taken.discard((device, stream, name))
 
 
 def _current_stream(device: torch.device) -> int:
@@ -581,13 +599,14 @@ def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> La
     key = (kind, M, N, K, split, a.dtype, c.dtype, precision, big, mode)
     grid = lambda meta: (_tiles(M, N, meta), split)  # noqa: E731
     device = a.device
-    if (
-        mode == "atomic" and key not in _tuned
-    ):  # tune "ordered": timed atomics would pile every run into the sum
+    if mode == "atomic" and key not in _tuned:  # tune "ordered": timed atomics would pile runs into the sum
+        ordered_key = (*key[:-1], "ordered")
         ws, tickets = _split_k_buffers(device, "ordered", split, M, N)
         args = (a, b, c, ws, tickets, M, N, K, chunk, *strides)
-        _launch(key, autotuned, _split_k_kernel, grid, args, options | {"MODE": "ordered"}, K)  # C written
-        _tuned[key] = _Tuned(_tuned[key].config, _tuned[key].meta | {"MODE": "atomic"})
+        _launch(ordered_key, autotuned, _split_k_kernel, grid, args, options | {"MODE": "ordered"}, K)  # C
+        _returned(device)
+        tuned = _tuned[ordered_key]
+        _tuned[key] = _Tuned(tuned.config, tuned.meta | {"MODE": "atomic"})  # one assignment: never half-set
         return None
     ws, tickets = (c, c) if mode == "direct" else _split_k_buffers(device, mode, split, M, N)
     args = (a, b, c, ws, tickets, M, N, K, chunk, *strides)
@@ -596,17 +615,18 @@ def _run_split_k(a, b, c, precision, split, deterministic, big, autotuned) -> La
         block = 1024 if on_gpu() else 4096
         cast = launch_cache.launch(_cast_and_zero_kernel, (triton.cdiv(M * N, block),), (ws, c, M * N),
                                    {"BLOCK": block})  # read MN fp32, write MN and MN fp32  # fmt: skip
+    _returned(device)
     if launcher is None:
         return None
     if mode == "direct":
         return lambda a, b, c: launcher(a, b, c, c, c)  # read MK + KN, write MN
-    if mode == "ordered":
-        return lambda a, b, c: launcher(a, b, c, *_split_k_buffers(device, mode, split, M, N))
 
-    def run(a, b, c):  # read MK + KN, add MN fp32 split times in L2; then the cast
-        ws = _split_k_buffers(device, mode, split, M, N)[0]
-        launcher(a, b, c, ws, ws)
-        cast(ws, c)
+    def run(a, b, c):  # read MK + KN, write split x MN fp32 and add them in L2 (ordered: one launch)
+        ws, tickets = _split_k_buffers(device, mode, split, M, N)
+        launcher(a, b, c, ws, tickets)
+        if mode == "atomic":
+            cast(ws, c)  # the sum to C, and back to zero
+        _returned(device)
 
     return run
 
@@ -624,9 +644,15 @@ def _run_stream_k(a, b, c, precision, big) -> Launcher | None:
     key = ("stream_k", M, N, K, a.dtype, precision, big)
     grid = lambda meta: (min(programs, _tiles(M, N, meta) * triton.cdiv(K, meta["BLOCK_SIZE_K"])),)  # noqa: E731
     launcher = _launch(key, _stream_k_tuned, _stream_k_kernel, grid, args, options, K)
+    _returned(device)
     if launcher is None:
         return None
-    return lambda a, b, c: launcher(a, b, c, *_stream_k_buffers(device, programs))  # read MK + KN, write MN
+
+    def run(a, b, c):  # read MK + KN, write MN
+        launcher(a, b, c, *_stream_k_buffers(device, programs))
+        _returned(device)
+
+    return run
 
 
 def _tma_fits(a: torch.Tensor, bt: torch.Tensor) -> bool:
@@ -796,23 +822,45 @@ def _plan(run: Launcher | None, M: int, N: int, copy_b: bool) -> Plan | None:
     return plan
 
 
-class _Matmul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, kernel, split_k, deterministic, allow_tf32):
-        ctx.save_for_backward(a, b)
-        ctx.options = (deterministic, allow_tf32)
-        return _forward(a, b, kernel, split_k, deterministic, allow_tf32)
+# --- the registered op: autograd and torch.compile ---------------------------------------------------------
 
-    @staticmethod
-    def backward(ctx, grad_c):
-        a, b = ctx.saved_tensors
-        deterministic, allow_tf32 = ctx.options
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:  # dA = dC B^T: read MN + KN, write MK
-            grad_a = _forward(grad_c, b.t(), "auto", None, deterministic, allow_tf32)
-        if ctx.needs_input_grad[1]:  # dB = A^T dC: read MK + MN, write KN
-            grad_b = _forward(a.t(), grad_c, "auto", None, deterministic, allow_tf32)
-        return grad_a, grad_b, None, None, None, None
+
+@torch.library.custom_op(
+    "labkernels::ch04_matmul",
+    mutates_args=(),
+    schema="(Tensor a, Tensor b, str kernel='auto', int? split_k=None, bool deterministic=False, "
+    "bool allow_tf32=False) -> Tensor",
+)
+def _matmul_op(a, b, kernel="auto", split_k=None, deterministic=False, allow_tf32=False):
+    _check(a, b, kernel, split_k, deterministic, allow_tf32)
+    return _forward(a, b, kernel, split_k, deterministic, allow_tf32)
+
+
+@_matmul_op.register_fake
+def _(a, b, kernel="auto", split_k=None, deterministic=False, allow_tf32=False):
+    _check(a, b, kernel, split_k, deterministic, allow_tf32)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, _, _, deterministic, allow_tf32 = inputs
+    ctx.options = {"deterministic": deterministic, "allow_tf32": allow_tf32}
+    ctx.save_for_backward(a, b)
+
+
+def _matmul_backward(ctx, grad_c):
+    """dA = dC B^T, dB = A^T dC, by the public matmul: under create_graph (second-order gradients) these
+    products record their own backward; otherwise grad mode is off here and it is the plain call."""
+    a, b = ctx.saved_tensors
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:  # read MN + KN, write MK
+        grad_a = matmul(grad_c, b.t(), **ctx.options)
+    if ctx.needs_input_grad[1]:  # read MK + MN, write KN
+        grad_b = matmul(a.t(), grad_c, **ctx.options)
+    return grad_a, grad_b, None, None, None, None
+
+
+_matmul_op.register_autograd(_matmul_backward, setup_context=_setup_context)
 
 
 def matmul(
@@ -835,8 +883,12 @@ def matmul(
     launch; by default it does so up to SUM_GROUP chunks and adds more with fp32 atomics and a cast (an
     order that varies). The other kernels are deterministic anyway. allow_tf32: fp32 inputs
     use TF32 tensor cores (10-bit mantissa products, ~1e-3 relative error). Inputs that require grad get a
-    backward (dA = dC B^T, dB = A^T dC, by this same matmul). Later calls with operands of the same shapes,
-    strides, dtypes and alignment skip the checks and the choice: they allocate C and launch."""
+    backward (dA = dC B^T, dB = A^T dC, by this same matmul, so second-order gradients too); the op is
+    registered as `torch.ops.labkernels.ch04_matmul` and compiles with torch.compile. Later calls with
+    operands of the same shapes, strides, dtypes and alignment skip the checks and the choice: they allocate
+    C and launch."""
+    if torch.compiler.is_compiling():  # the registered op: its fake gives torch.compile the output's shape
+        return torch.ops.labkernels.ch04_matmul(a, b, kernel, split_k, deterministic, allow_tf32)
     wants_grad = False
     try:
         wants_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
@@ -847,8 +899,8 @@ def matmul(
     if known is not None:
         return known(a, b)  # checked and chosen on an earlier call with the same key
     _check(a, b, kernel, split_k, deterministic, allow_tf32)
-    if wants_grad:
-        return _Matmul.apply(a, b, kernel, split_k, deterministic, allow_tf32)
+    if wants_grad:  # the registered op, whose backward is this matmul again
+        return torch.ops.labkernels.ch04_matmul(a, b, kernel, split_k, deterministic, allow_tf32)
     c, plan = _planned(a, b, kernel, split_k, deterministic, allow_tf32)
     if plan is not None and plan_key is not None:
         _plans[plan_key] = plan

@@ -4,7 +4,7 @@ A tiled matmul of T tiles on S SMs runs T // S full waves and T % S tiles more. 
 programs at once, the extra tiles do not wait for a wave: they start at once, as one more program on T % S
 SMs, and those SMs finish last. At 1536^3 chapter 03's pick is 64 x 128 tiles, 288 programs, 3 an SM: on the
 H200 its kernel took 13.9 us for the first 264 tiles (two an SM) and 16.5 us for all 288
-(`gpu_jobs/tile_count.py`), so a twelfth of the work cost a sixth of the time.
+(`experiments/tile_count.py`), so a twelfth of the work cost a sixth of the time.
 
 When the grouped tile order leaves the tiles past the full waves as one rectangle of C, `_waves_and_tail`
 runs the full waves' tiles as chapter 03 does and, in its last programs, the rectangle in tiles a quarter as
@@ -13,11 +13,11 @@ them instead of T % S. No partial sums: each element of C is still one program's
 so the result is the same on every call. Where the rest is not one rectangle (or there is no rest) it is
 chapter 03's tiled kernel.
 
-The first form of this (`gpu_jobs/wave_tail.py`) ran the rectangle as a second launch on a second stream:
+The first form of this (`experiments/wave_tail.py`) ran the rectangle as a second launch on a second stream:
 as fast in CUDA-graph replays, but a plain call paid more host time for the two launches and the streams'
 hand-offs than the matmul took. One launch costs the host about what chapter 03's call costs; on the H200 at
 1536^3 bf16 it ran faster than chapter 03's tiled kernel both as graph replays and as plain calls
-(reference/ch04_one_launch_tail.csv, gpu_jobs/one_launch_tail.py), and `matmul(kernel="auto")` kept it.
+(reference/ch04_one_launch_tail.csv, experiments/one_launch_tail.py), and `matmul(kernel="auto")` kept it.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def tile_coordinates(tile_id: int, m: int, n: int, block_m: int, block_n: int, g
 def leftover(m: int, n: int, block_m: int, block_n: int, sms: int, group: int = GROUP_SIZE_M):
     """(whole, rectangle): the tiles of the full waves, and the rows and columns of C that the others cover,
     (r0, r1, c0, c1), or None when they are not one rectangle or there is no full wave or no rest."""
+    check_sms(sms)
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     whole = tiles // sms * sms
     if whole in (0, tiles):
@@ -65,7 +66,7 @@ def leftover(m: int, n: int, block_m: int, block_n: int, sms: int, group: int = 
 def tail_block_n(block_n: int) -> int:
     """The leftover tiles' width: a quarter of the big tile's (at least 16). On the H200 at 1536^3, 64 x 32
     tiles beside 64 x 128 ones ran fastest of nine shapes; 32-row tiles, which lose wgmma, ran slowest
-    (gpu_jobs/wave_tail.py)."""
+    (experiments/wave_tail.py)."""
     return max(16, block_n // 4)
 
 
@@ -149,11 +150,19 @@ def check(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, narrow: int | None 
         raise ValueError(f"wave_tail: narrow must be a power of two >= {smallest}, got {narrow}")
 
 
+def check_sms(sms) -> None:
+    """The SM count the waves are cut by: a positive int (0 would divide by zero; a negative count has no
+    waves)."""
+    if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
+        raise ValueError(f"wave_tail: sms must be a positive int (the GPU's SM count), got {sms!r}")
+
+
 def launch(a, b, c, meta: dict, sms: int, narrow: int | None = None) -> tuple[tuple | None, Callable]:
     """C = A B with chapter 03's tile config `meta` on `sms` SMs, launched once: (the rectangle of narrow
     tiles or None, the launcher for the next calls with operands of the same shapes, strides and alignment).
     narrow: the narrow tiles' width (`tail_block_n`'s choice when None)."""
     check(a, b, c, narrow)
+    check_sms(sms)
     return _launch(a, b, c, meta, sms, narrow)
 
 
@@ -184,6 +193,7 @@ def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, precision: str, sms: 
                          "kept launchers take its strides and alignment as they were)")  # fmt: skip
     if precision not in ("ieee", "tf32"):
         raise ValueError(f"wave_tail: precision must be 'ieee' or 'tf32', got {precision!r}")
+    check_sms(sms)
     _run(a, b, c, precision, sms)
 
 

@@ -64,7 +64,7 @@ def fusion_rows(kind: str, params: dict, impls: list, copy_gbps: float) -> list[
 
 def launch_config_sweep() -> tuple[Table, float] | None:
     """The three pointwise kernels at 2^26 fp32 under other launch configs (BLOCK_SIZE / num_warps), on the
-    H200 (gpu_jobs/pointwise_blocks.py; reference ch05_pointwise_blocks): each config's median time as a
+    H200 (experiments/pointwise_blocks.py; reference ch05_pointwise_blocks): each config's median time as a
     ratio to torch.compile's in the same alternating rounds (> 1: faster), one column per op; and the
     largest spread between a variant's fastest and slowest round, as a fraction of its median."""
     ref = load_reference("ch05_pointwise_blocks")
@@ -248,7 +248,7 @@ def int8_path_rows(ms=INT8_PATH_MS, n: int = 4096, k: int = 4096, dtype=torch.bf
 
 
 def int8_tile_table(table: Table, big_tile: str = "fused 128x256x64 s3 w8") -> Table:
-    """gpu_jobs/int8_tiles.py's graph replays (`ch05_int8_tiles`), one row per M: cuBLAS on 16-bit weights,
+    """experiments/int8_tiles.py's graph replays (`ch05_int8_tiles`), one row per M: cuBLAS on 16-bit weights,
     the dequantize path, the fastest tile of the fused kernel and that of the 128 x 256 tile, in us."""
     by_m: dict[int, dict] = {}
     for r in table.rows:
@@ -276,6 +276,26 @@ def int8_path_table(table: Table) -> Table:
         rows.append(
             {"M": m, "fused_us": us["fused"], "dequantize_us": us["dequantize"],
              "cublas_16bit_us": us["cublas, 16-bit weights"], "faster": faster}
+        )  # fmt: skip
+    return Table(rows)
+
+
+def int8_gemv_table(table: Table) -> Table:
+    """gpu_jobs/int8_gemv.py's decode rows (`ch05_int8_gemv`, kind "int8"), one row per (M, N x K): cuBLAS on
+    bf16 weights, the GEMV and the fused matmul kernel in us, graph replays and plain calls, and the GEMV's
+    speed-up over cuBLAS (above 1: int8 is faster)."""
+    cases: dict[tuple, dict] = {}
+    for r in table.where(kind="int8").rows:
+        cases.setdefault((r["M"], r["shape"]), {})[r["impl"]] = r
+    rows = []
+    for (m, shape), by in cases.items():
+        cub, gemv, fused = by["cublas bf16 weights"], by["int8_gemv"], by["int8_matmul fused"]
+        _, n, k = shape.split("x")
+        rows.append(
+            {"M": m, "NxK": f"{n}x{k}", "cublas_graph_us": cub["us_graph"], "gemv_graph_us": gemv["us_graph"],
+             "fused_graph_us": fused["us_graph"], "gemv_vs_cublas_graph": cub["us_graph"] / gemv["us_graph"],
+             "cublas_plain_us": cub["us_plain"], "gemv_plain_us": gemv["us_plain"],
+             "gemv_vs_cublas_plain": cub["us_plain"] / gemv["us_plain"]}
         )  # fmt: skip
     return Table(rows)
 

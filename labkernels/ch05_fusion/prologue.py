@@ -15,6 +15,12 @@ So `int8_matmul` has two paths, chosen by M (`path="auto"`): the fused kernel fo
 `FUSED_MAX_M` the one Inductor takes: dequantise W once (`dequantize`, one pass: read KN int8, write KN) and
 run chapter 03's matmul on it. The fused kernel is chapter 03's tiled matmul with one change in the K loop;
 it is written out here so the change is visible.
+
+Up to `GEMV_MAX_M` rows (a decoding step) a matmul tile is the wrong shape: with 16-row tiles, 4096 columns
+make a few dozen programs, too few for 132 SMs to stream W. `int8_gemv` cuts W by columns *and* by K
+(split-K): each program reads one slice of W's int8 rows once, and many programs read at once. The scale is
+applied once per output, after the sum, as (x W_int8) s, not to every weight inside the K loop; the int8 ->
+16-bit conversion uses integer adds instead of the GPU's slow int-to-float instruction.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
+from labkernels import launch_cache
 from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU
-from labkernels.lane import LANE, on_gpu, require_device
-from labkernels.timing import autotune_bench
+from labkernels.lane import LANE, on_gpu, require_device, sm_count
+from labkernels.timing import autotune_bench, graph_autotune_bench
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -39,7 +46,7 @@ def _config(m, n, k, stages, warps, group=8):
 # Tiles by M, each list tried only in its range of M (`_prune`). Small M (a decoding step: memory-bound on W):
 # 16-row tiles with long K steps, narrow enough that 4096 columns make ~128 programs for 132 SMs. Mid M (a
 # batch of sequences): tiles of 32-128 rows and 64 columns; a 128 x 256 tile there leaves one row of 16
-# programs for 132 SMs, and on the H200 it took 2-4x as long as the best of these (gpu_jobs/int8_tiles.py).
+# programs for 132 SMs, and on the H200 it took 2-4x as long as the best of these (experiments/int8_tiles.py).
 # Big M (compute-bound): big tiles.
 SMALL_M_CONFIGS = [_config(16, 32, 256, 4, 4), _config(16, 64, 128, 4, 4), _config(16, 64, 256, 3, 4)]
 MID_M_CONFIGS = [_config(32, 64, 128, 4, 4), _config(64, 64, 128, 4, 4), _config(128, 64, 64, 4, 4)]
@@ -51,7 +58,7 @@ SMALL_M, MID_M = 32, 512  # M up to SMALL_M tries the small tiles; up to MID_M t
 # (ch05_int8_tiles.csv), and the dequantize path from M = 256 in graph replays. Re-measure with the
 # `ch05_int8_paths` benchmark.
 FUSED_MAX_M = 128
-PATHS = ("auto", "fused", "dequantize")
+PATHS = ("auto", "gemv", "fused", "dequantize")
 
 
 def _prune(configs, named_args, **kwargs):
@@ -178,6 +185,8 @@ def dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             f"dequantize: scale must be float16/bfloat16/float32 of shape ({w_int8.shape[1]},), "
             f"got {scale.dtype} {tuple(scale.shape)}"
         )
+    if scale.dtype == torch.bfloat16 and not on_gpu():
+        raise TypeError(f"dequantize: scale is bfloat16: {BF16_ON_CPU}")
     if torch.is_grad_enabled() and scale.requires_grad:
         raise RuntimeError("dequantize: scale requires grad, and this kernel has no backward")
     K, N = w_int8.shape
@@ -250,13 +259,16 @@ def int8_matmul(
     """a @ (w_int8 * scale); a (M, K) float, w_int8 (K, N) int8, scale (N,) in a's dtype; any strides.
     Result (M, N) in a's dtype, accumulated in fp32.
 
-    path: "fused" dequantises in the matmul's loads (W read once, as int8); "dequantize" writes the 16-bit
-    weights once and runs chapter 03's matmul on them (read KN int8, write KN, then the matmul reads KN);
-    "auto" fuses when M <= FUSED_MAX_M, where the matmul is memory-bound on W, and the offsets fit 32 bits."""
+    path: "gemv" (M <= GEMV_MAX_M) is `int8_gemv`; "fused" dequantises in the matmul's loads (W read once,
+    as int8); "dequantize" writes the 16-bit weights once and runs chapter 03's matmul on them (read KN int8,
+    write KN, then the matmul reads KN); "auto" fuses when M <= FUSED_MAX_M, where the matmul is
+    memory-bound on W, and the offsets fit 32 bits."""
     _check(a, w_int8, scale, input_precision)
     if path not in PATHS:
         raise ValueError(f"int8_matmul: path must be one of {PATHS}, got {path!r}")
     wide = matmul_mod.needs_int64(a, w_int8)  # the fused kernel's offsets are 32-bit
+    if path == "gemv" or (path == "auto" and GEMV_AUTO and a.shape[0] <= GEMV_MAX_M):
+        return int8_gemv(a, w_int8, scale, input_precision=input_precision)  # 64-bit offsets for W
     if path == "dequantize" or (path == "auto" and (a.shape[0] > FUSED_MAX_M or wide)):
         return matmul_mod.matmul(a, dequantize(w_int8, scale), input_precision=input_precision)
     if wide:
@@ -291,3 +303,192 @@ def _fused(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, input_pre
     meta["EVEN_K"] = _even_k({"K": K, **meta})
     _tuned[key] = (grid(meta), meta)
     return c
+
+
+# --- the GEMV for a few rows (a decoding step) ------------------------------------------------------------
+
+GEMV_MAX_M = 16  # rows padded to tl.dot's minimum of 16
+# path="auto" takes the GEMV up to GEMV_MAX_M rows: on the H200 it was 1.1-1.5x faster than the fused matmul
+# kernel in graph replays at M = 1 and 16, N x K = 4096 x 4096 and 14336 x 4096, and level with cuBLAS on bf16
+# weights (0.84-1.02x), not the 2x that half the bytes allow (labkernels/reference/ch05_int8_gemv.csv).
+GEMV_AUTO = True
+# (BLOCK_N, BLOCK_K, warps, stages, programs per SM): the split-K count is chosen so that the column tiles
+# times the K slices give about that many programs an SM (0: one slice, no second kernel). The GPU lane
+# times these once per shape.
+GEMV_GPU_CONFIGS = [
+    (64, 256, 4, 4, 2),
+    (128, 128, 4, 4, 2),
+    (32, 256, 4, 4, 4),
+    (64, 128, 4, 5, 4),
+    (32, 256, 4, 4, 0),
+]
+GEMV_CPU_CONFIG = (32, 32, 4, 1, 2)
+
+
+@triton.jit
+def _int8_gemv_kernel(
+    a_ptr, w_ptr, scale_ptr, out_ptr,  # a (M, K); w (K, N) int8; scale (N,); out (M, N) or (splits, M, N)
+    M, N, K, stride_am, stride_ak, stride_wk, stride_wn, k_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT: tl.constexpr, MAGIC: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)  # which BLOCK_N columns
+    pid_k = tl.program_id(1)  # which slice of K: k_per_split rows of W, a multiple of BLOCK_K
+    offs_m = tl.arange(0, BLOCK_M) % M  # wrapped rows: valid addresses, never stored
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = pid_k * k_per_split + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + offs_k.to(tl.int64)[:, None] * stride_wk + offs_n.to(tl.int64)[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_end = tl.minimum(pid_k * k_per_split + k_per_split, K)
+    for k in range(pid_k * k_per_split, k_end, BLOCK_K):
+        if EVEN_K:  # every step full: unmasked loads
+            a = tl.load(a_ptrs)  # read M x BK (L2 serves it to every column tile)
+            w = tl.load(w_ptrs)  # read BK x BN int8, once: nearly all the bytes
+        else:  # only the last step of the last slice is ragged; masked lanes add 0
+            a = tl.load(a_ptrs, mask=(k + tl.arange(0, BLOCK_K))[None, :] < K, other=0.0)
+            w = tl.load(w_ptrs, mask=(k + tl.arange(0, BLOCK_K))[:, None] < K, other=0)
+        if MAGIC and a.dtype == tl.float16:  # the half 0x6400 | (w + 128) is 1152 + w: one integer add
+            b = (w.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+        elif MAGIC and a.dtype == tl.bfloat16:  # fp32 2^23 + 128 + w, minus 2^23 + 128: w, whose top 16 bits
+            f = (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0  # are its bf16
+            b = (f.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            b = w.to(a.dtype)  # exact: |w| <= 127 fits every float type
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)  # the scale is not here: once, at the end
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    if SPLIT:  # fp32 partial sums, one (M, N) slice per K slice; `_int8_gemv_sum_kernel` adds and scales them
+        part = out_ptr + pid_k.to(tl.int64) * M * N + rows[:, None] * N + cols[None, :]
+        tl.store(part, acc, mask=mask)  # write M x BN fp32 (it stays in L2 for the sum)
+    else:
+        scale = tl.load(scale_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)  # read BN, once
+        out = acc * scale[None, :]  # the epilogue: (x W_int8) s
+        tl.store(out_ptr + rows[:, None] * N + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _int8_gemv_sum_kernel(
+    part_ptr, scale_ptr, out_ptr, n_elements, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr
+):
+    """out = (sum of the K slices' fp32 partials, in slice order: deterministic) * scale, in out's dtype."""
+    offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)  # splits x MN may pass 2^31
+    mask = offs < n_elements
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLITS):
+        total += tl.load(part_ptr + s * n_elements + offs, mask=mask, other=0.0)  # read splits x MN fp32
+    scale = tl.load(scale_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (total * scale).to(out_ptr.dtype.element_ty), mask=mask)  # write MN
+
+
+def gemv_splits(
+    n: int, k: int, block_n: int, block_k: int, programs_per_sm: int, sms: int
+) -> tuple[int, int]:
+    """(splits, k_per_split): K cut into slices of whole BLOCK_K steps until the column tiles times the slices
+    give `programs_per_sm` programs an SM; one slice when the column tiles alone do."""
+    tiles, steps = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+    splits = max(1, min(triton.cdiv(programs_per_sm * sms, tiles), steps))
+    steps_per_split = triton.cdiv(steps, splits)
+    return triton.cdiv(steps, steps_per_split), steps_per_split * block_k  # no empty slice
+
+
+def _gemv_launch(a, w_int8, scale, out, partials, precision, config, magic=True) -> tuple[int, object]:
+    """Both launches of one config into `out` (and `partials`, (splits, M, N) fp32, when K is split):
+    (splits, launcher(a, w_int8, scale, out, partials)) for later calls with the same key (`launch_cache`)."""
+    (M, K), N = a.shape, w_int8.shape[1]
+    block_n, block_k, warps, stages, per_sm = config
+    splits, k_per_split = gemv_splits(N, K, block_n, block_k, per_sm, sm_count(a.device))
+    target = partials[:splits] if splits > 1 else out
+    meta = dict(
+        BLOCK_M=GEMV_MAX_M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, SPLIT=splits > 1,
+        MAGIC=magic, INPUT_PRECISION=precision, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    args = (a, w_int8, scale, target, M, N, K, *a.stride(), *w_int8.stride(), k_per_split)
+    gemv = launch_cache.launch(_int8_gemv_kernel, (triton.cdiv(N, block_n), splits), args, meta)
+    if splits == 1:
+        return 1, lambda a, w_int8, scale, out, partials: gemv(a, w_int8, scale, out)
+    block = 1024 if LANE == "gpu" else 256
+    grid = (triton.cdiv(M * N, block),)
+    add = launch_cache.launch(
+        _int8_gemv_sum_kernel, grid, (target, scale, out, M * N, N), dict(SPLITS=splits, BLOCK=block)
+    )
+
+    def both(a, w_int8, scale, out, partials):
+        gemv(a, w_int8, scale, partials)  # read KN int8 + MK, write splits x MN fp32
+        add(partials, scale, out)  # read splits x MN fp32 + N, write MN
+
+    return splits, both
+
+
+def _max_splits(N: int, K: int, device) -> int:
+    configs = GEMV_GPU_CONFIGS if LANE == "gpu" else [GEMV_CPU_CONFIG]
+    return max(gemv_splits(N, K, c[0], c[1], c[4], sm_count(device))[0] for c in configs)
+
+
+_gemv_configs: dict[tuple, tuple] = {}  # the fastest config per shape, timed once on the GPU lane
+
+
+def _gemv_config(a, w_int8, scale, out, partials, precision) -> tuple:
+    key = (*a.shape, w_int8.shape[1], a.dtype, precision, w_int8.stride(1) == 1)
+    if LANE != "gpu":
+        return GEMV_CPU_CONFIG
+    if key not in _gemv_configs:
+
+        def time_of(config):
+            _, launcher = _gemv_launch(a, w_int8, scale, out, partials, precision, config)
+            return graph_autotune_bench(lambda: launcher(a, w_int8, scale, out, partials))[0]
+
+        _gemv_configs[key] = min(GEMV_GPU_CONFIGS, key=time_of)
+    return _gemv_configs[key]
+
+
+# Per key (shapes, strides, dtypes, alignment, options): (splits, launcher, scale contiguous); a known key
+# skips the checks and the plan, and only allocates and launches.
+_gemv_known = launch_cache.KeyedLaunches()
+
+
+def _gemv_key(a, w_int8, scale, input_precision, config, magic) -> tuple:
+    key = ()
+    for t in (a, w_int8, scale):
+        key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0, t.requires_grad)
+    return (*key, torch.is_grad_enabled(), type(input_precision), input_precision, config, type(magic), magic)
+
+
+def int8_gemv(
+    a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *, input_precision: str = "ieee", config=None,
+    magic: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """a @ (w_int8 * scale) for a (M, K) with M <= GEMV_MAX_M, computed as (a @ w_int8) * scale: a
+    GEMV/split-K kernel, then (when K is split) a kernel that adds the slices in order and scales. Same
+    arguments as `int8_matmul`; `config` = (BLOCK_N, BLOCK_K, warps, stages, programs per SM; 0: one K slice)
+    overrides the tuned one; `magic=False` converts int8 with the plain cast (the GPU's int-to-float
+    instruction)."""
+    try:
+        key = _gemv_key(a, w_int8, scale, input_precision, config, magic)
+        known = _gemv_known.get(key)
+    except Exception:  # not tensors, unhashable options: the checks say so
+        key = known = None
+    if known is not None:
+        splits, launcher, scale_contiguous = known
+        out = a.new_empty((a.shape[0], w_int8.shape[1]))
+        partials = a.new_empty((splits, *out.shape), dtype=torch.float32) if splits > 1 else out
+        launcher(a, w_int8, scale if scale_contiguous else scale.contiguous(), out, partials)
+        return out
+    _check(a, w_int8, scale, input_precision)
+    (M, K), N = a.shape, w_int8.shape[1]
+    if M > GEMV_MAX_M:
+        raise ValueError(f"int8_gemv: a has {M} rows; the GEMV takes 1 to {GEMV_MAX_M} (use int8_matmul)")
+    if not isinstance(magic, bool):
+        raise TypeError(f"int8_gemv: magic must be True or False, got {magic!r}")
+    contiguous_scale = scale.contiguous()
+    precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
+    out = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    partials = torch.empty((_max_splits(N, K, a.device), M, N), device=a.device, dtype=torch.float32)
+    chosen = config or _gemv_config(a, w_int8, contiguous_scale, out, partials, precision)
+    splits, launcher = _gemv_launch(a, w_int8, contiguous_scale, out, partials, precision, chosen, magic)
+    if key is not None:
+        _gemv_known[key] = (splits, launcher, scale.is_contiguous())
+    return out

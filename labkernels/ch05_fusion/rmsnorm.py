@@ -16,6 +16,7 @@ normalisation from h), so the op is usable in training.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -135,8 +136,10 @@ def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: f
                 f"rmsnorm_residual: {name}'s rows are not contiguous (strides {t.stride()}); "
                 "pass .contiguous()"
             )
-    if not eps > 0:
-        raise ValueError(f"rmsnorm_residual: eps must be positive, got {eps}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"rmsnorm_residual: eps must be a Python float, got {type(eps).__name__} {eps!r}")
+    if not 0 < eps < math.inf:
+        raise ValueError(f"rmsnorm_residual: eps must be positive and finite, got {eps}")
 
 
 def _forward(x, residual, weight, eps):

@@ -167,12 +167,12 @@ SOFTMAX_SHAPES = [(8192, 5000), (4096, 32768), (1024, 262144)]
 
 
 # The experiment behind the online softmax's modes, in the order the notebook explains them. The CSV
-# (labkernels/reference/ch06_softmax_variants.csv) holds gpu_jobs/softmax_variants2.py's rows from the H200 at
-# the revision in its `git` column, with the script's kinds renamed (shipped -> tuned, nosync ->
+# (labkernels/reference/ch06_softmax_variants.csv) holds experiments/softmax_variants2.py's rows from the
+# H200 at the revision in its `git` column, with the script's kinds renamed (shipped -> tuned, nosync ->
 # split_no_exchange, pipe -> split_persistent_overlap) and its 5000-column rows left out: there the variants
 # lacked the vector-width hint that the package's kernels have, so they were not comparable.
 SOFTMAX_VARIANTS = ("tuned", "prefetch", "split_persistent_overlap", "split_no_exchange")
-# The split kernel's exchange taken apart (gpu_jobs/softmax_exchange.py, ch06_softmax_exchange.csv):
+# The split kernel's exchange taken apart (experiments/softmax_exchange.py, ch06_softmax_exchange.csv):
 EXCHANGE_VARIANTS = (
     "ticket_rmw",  # as it was: an acq_rel ticket, then publish, count in, poll the count
     "relaxed_rmw",  # the same with a relaxed ticket (what ships now)
@@ -181,28 +181,28 @@ EXCHANGE_VARIANTS = (
     "relaxed_rmw_words",  # 16-bit data held as 32-bit words, two elements each, across the wait
     "relaxed_reread",  # nothing held across the wait: the chunk is read again (from L2) after it
 )
-# No wait with a chunk in registers (gpu_jobs/softmax_lagged.py, ch06_softmax_lagged.csv): persistent
+# No wait with a chunk in registers (experiments/softmax_lagged.py, ch06_softmax_lagged.csv): persistent
 # programs normalize the chunk they reduced LAG steps earlier, read again from L2; `shipped` is
 # online_softmax's own choice.
 LAGGED_VARIANTS = ("shipped", "lagged", "lagged_hints")
-# 16-bit rows held as 32-bit words, two elements each (gpu_jobs/softmax_words.py, ch06_softmax_words.csv):
+# 16-bit rows held as 32-bit words, two elements each (experiments/softmax_words.py, ch06_softmax_words.csv):
 # whole rows with one element a register (`prefetch`, what float32 rows use) against the words kernel that
 # online_softmax uses for 16-bit rows, and the split kernel against a words version of it.
 WORDS_VARIANTS = ("shipped", "prefetch", "prefetch_words", "split", "split_words")
-# One thread-block cluster a row, in CUDA (gpu_jobs/softmax_cluster.py, ch06_softmax_cluster.csv): the chunks
-# exchange (m, l) through distributed shared memory after a hardware barrier. `cluster` launches one cluster a
-# row; `cluster_persistent` launches the clusters the GPU holds and each walks rows, loading the next while
-# it finishes this one; `plain_` drops the streaming cache hints of the loads and stores.
+# One thread-block cluster a row, in CUDA (experiments/softmax_cluster.py, ch06_softmax_cluster.csv): the
+# chunks exchange (m, l) through distributed shared memory after a hardware barrier. `cluster` launches one
+# cluster a row; `cluster_persistent` launches the clusters the GPU holds and each walks rows, loading the
+# next while it finishes this one; `plain_` drops the streaming cache hints of the loads and stores.
 CLUSTER_VARIANTS = ("shipped", "cluster", "cluster_persistent", "plain_cluster_persistent")
-# The exchange as one 64-bit (m, l) word per chunk, polled in place (gpu_jobs/softmax_slots.py,
+# The exchange as one 64-bit (m, l) word per chunk, polled in place (experiments/softmax_slots.py,
 # ch06_softmax_slots.csv): one relaxed atomic to publish, and the polled words are the data (no count, no
 # fence, no second load); `split` is the shipped exchange at the same configurations.
 SLOTS_VARIANTS = ("shipped", "split", "split_slots")
 # The split kernel in CUDA with each chunk waiting in shared memory, copied there by cp.async, instead of in
-# registers: few registers a thread, so 3 to 16 blocks an SM (gpu_jobs/softmax_staged.py,
+# registers: few registers a thread, so 3 to 16 blocks an SM (experiments/softmax_staged.py,
 # ch06_softmax_staged.csv).
 STAGED_VARIANTS = ("shipped", "staged")
-# The split kernel with fewer instructions an element (gpu_jobs/softmax_lean.py, ch06_softmax_lean.csv; the
+# The split kernel with fewer instructions an element (experiments/softmax_lean.py, ch06_softmax_lean.csv; the
 # counts: ch06_softmax_lean_sass.csv): `split` is the shipped kernel at each configuration; `_fma` computes
 # exp(x - m) with one fused multiply-add, `_words` holds the chunk as 32-bit words, `_packed` takes the max
 # on bfloat16 pairs; `_r80` caps the registers so that three 256-thread programs fit an SM.
@@ -211,7 +211,7 @@ LEAN_VARIANTS = ("shipped", "split", "split_fma", "split_words_fma", "split_pack
 
 
 # The split kernel holding its raw words across the wait and exponentiating again after it
-# (gpu_jobs/softmax_hold.py, ch06_softmax_hold.csv): `lean` is online_softmax's split_lean at its two tuned
+# (experiments/softmax_hold.py, ch06_softmax_hold.csv): `lean` is online_softmax's split_lean at its two tuned
 # configurations; `hold` exponentiates on the MUFU, `hold_poly` on the FMA pipe (a polynomial), `hold_half`
 # half on each; `hold_none` leaves the second exponentials out (a wrong result: what they cost).
 HOLD_VARIANTS = ("shipped", "lean", "hold", "hold_poly", "hold_half", "hold_none")
@@ -240,7 +240,7 @@ def hold_best(hold: Table) -> Table:
 
 
 # Persistent programs that load and publish their next chunk before they wait for the one they hold
-# (gpu_jobs/softmax_pipelined.py, ch06_softmax_pipelined.csv): the wait hidden behind a chunk's load, two
+# (experiments/softmax_pipelined.py, ch06_softmax_pipelined.csv): the wait hidden behind a chunk's load, two
 # chunks held a program; `hold` is the split_hold kernel at its two register caps, in the same run.
 PIPELINED_VARIANTS = ("shipped", "hold", "pipelined")
 
@@ -364,3 +364,38 @@ def plot_sequence_sweep(sweep_table: Table, title: str = ""):
     memory.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+# Every experiment on the widest rows, in the order they were run (notebooks/appendix/06_wide_row_softmax):
+# the reference CSV and the variants it timed.
+WIDE_ROW_EXPERIMENTS = {
+    "ch06_softmax_variants": SOFTMAX_VARIANTS,
+    "ch06_softmax_exchange": EXCHANGE_VARIANTS,
+    "ch06_softmax_lagged": LAGGED_VARIANTS,
+    "ch06_softmax_words": WORDS_VARIANTS,
+    "ch06_softmax_cluster": CLUSTER_VARIANTS,
+    "ch06_softmax_slots": SLOTS_VARIANTS,
+    "ch06_softmax_staged": STAGED_VARIANTS,
+    "ch06_softmax_lean": LEAN_VARIANTS,
+    "ch06_softmax_hold": HOLD_VARIANTS,
+    "ch06_softmax_pipelined": PIPELINED_VARIANTS,
+}
+
+
+def wide_row_designs(rows: int = 1024, cols: int = 262144, dtype: str = "bfloat16") -> Table:
+    """One row per design of every wide-row experiment at (rows, cols, dtype): its best fraction of a
+    same-size copy and whether its softmax was right. `shipped`/`tuned` rows are online_softmax as it was on
+    the day of that experiment; the designs marked wrong skip the exchange (what the exchange costs)."""
+    from labkernels.results import load_reference
+
+    out = []
+    for name, variants in WIDE_ROW_EXPERIMENTS.items():
+        table = load_reference(name)
+        if table is None:
+            continue
+        timed, _ = timed_and_checks(table)
+        best = best_softmax_variants(timed.where(rows=rows, cols=cols, dtype=dtype), variants)
+        for r in best.rows:
+            out.append({"experiment": name.removeprefix("ch06_softmax_"), "design": r["variant"],
+                        "correct": r["correct"], "of_copy": r["of_copy"]})  # fmt: skip
+    return Table(out)

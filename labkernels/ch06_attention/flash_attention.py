@@ -3,8 +3,10 @@
 A program owns BLOCK_M query rows of one (batch, head). It loads its Q block once, then streams K and V in
 blocks of BLOCK_N keys: S = Q K^T (a `tl.dot`, fp32 accumulator), the online softmax's running max m and sum
 l updated (exp2, with scale * log2(e) folded into one multiply), the accumulator rescaled and P V added. At
-the end O = acc / l. Traffic per (batch, head): Q and O once, K and V once per query block
-(`traffic.attention`, which counts the ideal once); FLOPs 4 N^2 D, half that when causal.
+the end O = acc / l. Memory O(N): the scores never exist. Traffic per (batch, head): Q and O once, K and V
+once per query block (`forward_hbm_bytes`: Theta(N^2 D / BLOCK_M), as the FlashAttention paper's
+Theta(N^2 d^2 / M) for SRAM size M); L2 serves most of the re-reads, so DRAM sees near the ideal, each tensor
+once (`traffic.attention`). FLOPs 4 N^2 D, half that when causal.
 Causal: key blocks entirely above the diagonal are skipped; blocks entirely below it run unmasked; only the
 blocks crossing the diagonal are masked (a two-stage loop). Any N: the ragged last block is masked.
 Also returned: the logsumexp of each row's scaled scores, (B, H, N) fp32, which the backward uses to recompute
@@ -69,6 +71,7 @@ def _attn_fwd_inner(
     MASKED: tl.constexpr,  # diagonal or ragged blocks: mask keys past the diagonal and past n_ctx
     CAUSAL: tl.constexpr,
     TMA: tl.constexpr,  # load K and V blocks with Hopper's TMA unit instead of pointer loads
+    NEGATIVE_SCALE: tl.constexpr,  # sm_scale < 0: the largest scaled score comes from the smallest qk
 ):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -84,14 +87,21 @@ def _attn_fwd_inner(
             keep = cols[None, :] < n_ctx
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= cols[None, :])
-            qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e6)
+            # -inf, not a large negative number: no finite (or NaN) score of a hidden key can get through.
+            qk = tl.where(keep, qk * qk_scale, -float("inf"))
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk -= m_ij[:, None]
+            m_sub = tl.where(m_ij == -float("inf"), 0.0, m_ij)  # no key seen yet: no NaN from -inf - -inf
+            qk -= m_sub[:, None]
         else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_ij[:, None]
+            # The max of the scaled scores: max(qk) * scale, or min(qk) * scale when the scale is negative.
+            if NEGATIVE_SCALE:
+                m_ij = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+            else:
+                m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_sub = m_ij
+            qk = qk * qk_scale - m_sub[:, None]  # one fma an element
         p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed under the old max
+        alpha = tl.math.exp2(m_i - m_sub)  # rescales what was summed under the old max
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if TMA:
@@ -132,6 +142,7 @@ def _attn_fwd_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     TMA: tl.constexpr,  # q_ptr, k_ptr, v_ptr are TMA descriptors of the (B*H*N, D) views
+    NEGATIVE_SCALE: tl.constexpr,
 ):
     # Causal: the last query blocks do the most work, so they start first (less idle tail).
     if CAUSAL:
@@ -165,30 +176,46 @@ def _attn_fwd_kernel(
         diag = pid_m * BLOCK_M
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
-            0, diag, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA,
+            0, diag, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA, NEGATIVE_SCALE,
         )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
             diag, tl.minimum(diag + BLOCK_M, n_ctx), n_ctx, qk_scale, BLOCK_N, True, CAUSAL, TMA,
+            NEGATIVE_SCALE,
         )  # fmt: skip
     else:
         # Stage 1: all whole key blocks, unmasked. Stage 2: the ragged last block (none if BLOCK_N divides N).
         n_full = (n_ctx // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
-            0, n_full, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA,
+            0, n_full, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA, NEGATIVE_SCALE,
         )  # fmt: skip
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
-            n_full, n_ctx, n_ctx, qk_scale, BLOCK_N, True, CAUSAL, TMA,
+            n_full, n_ctx, n_ctx, qk_scale, BLOCK_N, True, CAUSAL, TMA, NEGATIVE_SCALE,
         )  # fmt: skip
 
-    acc = acc / l_i[:, None]
+    # A row that saw no key (l = 0) gets O = 0 and logsumexp -inf, not 0 / 0.
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     row_ok = offs_m < n_ctx
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back from base 2 to natural log
     tl.store(lse_ptr + pid_bh.to(tl.int64) * n_ctx + offs_m, lse, mask=row_ok)
     o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # write O block
+
+
+def forward_hbm_bytes(batch, heads, n_ctx, head_dim, dtype, block_m: int, causal: bool = False) -> int:
+    """The bytes the forward asks of memory: Q read and O written once, the logsumexp written (fp32), and
+    every K and V row read once per query block that visits it (all N rows; causal: the rows up to the end
+    of the query block's diagonal, BLOCK_M a multiple of BLOCK_N)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    q_blocks = -(-n_ctx // block_m)
+    if causal:
+        kv_rows = sum(min((i + 1) * block_m, n_ctx) for i in range(q_blocks))
+    else:
+        kv_rows = q_blocks * n_ctx
+    per_head = 2 * n_ctx * head_dim * size + 4 * n_ctx + 2 * kv_rows * head_dim * size
+    return batch * heads * per_head
 
 
 def _descriptors(q, k, v, block_m: int, block_n: int):
@@ -222,7 +249,7 @@ def _launch(q, k, v, o, lse, sm_scale: float, causal: bool, cfg: tuple) -> None:
         o.stride(0), o.stride(1), o.stride(2),
         heads, n_ctx, sm_scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, TMA=tma,
-        num_warps=warps, num_stages=stages,
+        NEGATIVE_SCALE=sm_scale < 0, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -588,6 +615,11 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if torch.is_grad_enabled():  # backward(create_graph=True): a gradient of this gradient was asked for
+            raise RuntimeError(
+                "flash_attention: second-order gradients are not supported (create_graph=True); "
+                "use naive_attention or torch's SDPA math backend for them"
+            )
         q, k, v, o, lse = ctx.saved_tensors
         return (*_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale), None, None)
 
@@ -596,6 +628,12 @@ def flash_attention_with_lse(q, k, v, causal: bool = False, sm_scale: float | No
     """(O, logsumexp): O (B, H, N, D) in q's dtype, logsumexp (B, H, N) fp32 of the scaled scores.
     Inputs that require grad get a backward through torch.autograd (the logsumexp has no gradient)."""
     _check(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"flash_attention: causal must be a bool, got {type(causal).__name__} {causal!r}")
+    if sm_scale is not None and (
+        isinstance(sm_scale, bool) or not isinstance(sm_scale, int | float) or not math.isfinite(sm_scale)
+    ):
+        raise TypeError(f"flash_attention: sm_scale must be a finite number or None, got {sm_scale!r}")
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return _FlashAttention.apply(q, k, v, causal, sm_scale)
@@ -603,5 +641,7 @@ def flash_attention_with_lse(q, k, v, causal: bool = False, sm_scale: float | No
 
 
 def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None) -> torch.Tensor:
-    """softmax(Q K^T * sm_scale [causal mask]) V for (B, H, N, D) tensors; sm_scale defaults to 1/sqrt(D)."""
+    """softmax(Q K^T * sm_scale [causal mask]) V for (B, H, N, D) tensors; sm_scale (any sign) defaults to
+    1/sqrt(D). Masked scores are -inf: a hidden key's score, however large or NaN, never reaches a row.
+    Inputs that require grad get a first-order backward; second-order gradients raise."""
     return flash_attention_with_lse(q, k, v, causal, sm_scale)[0]

@@ -2,8 +2,9 @@
 
 Per (batch, head): S = Q K^T is written (N^2 elements), read by the softmax which writes P (N^2), and P is
 read by P V. So the traffic grows as N^2 and so does the memory the scores occupy
-(`traffic.attention_naive`, `scores_bytes`); a fused kernel keeps each block of S in registers and moves
-only Q, K, V and O: O(N) (`traffic.attention`).
+(`traffic.attention_naive`, `scores_bytes`); a fused kernel keeps each block of S in registers and holds
+O(N) memory; its HBM traffic is Q, K, V and O once at best (`traffic.attention`), more where K and V are
+read again for each query block (`flash_attention.forward_hbm_bytes`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ m_new). A second walk writes exp(x - m) / l. Traffic: a row that fits one block 
 (`traffic.softmax`, 2MN; on the GPU persistent programs may load the next row while they reduce this one);
 a row walked twice is read twice (3MN; the second read hits L2 if the rows in flight fit there); on the GPU
 a wide row can instead be split over programs that hold their chunks in registers and exchange (m, l): 2MN
-again. The same rescaling, applied to a sum of rows of V, is FlashAttention's inner loop.
+again (a chunk that waits too long for its partners reads the row itself: slower, never wrong). The same
+rescaling, applied to a sum of rows of V, is FlashAttention's inner loop.
 Compute is fp32; the result is stored in x's dtype. Backward: dx = y * (g - sum(g * y)).
 """
 
@@ -178,7 +179,7 @@ def _prefetch_words_kernel(
     tensor one element a register: splitting the loaded pairs, widening each, then rounding and repacking
     each result cost about 3 instructions an element, and at 2 bytes an element a 32768-wide row spends
     nearly as many instruction slots as its bytes allow (instructions a thread, counted from sm_90 SASS by
-    gpu_jobs/softmax_sass.py: reference/ch06_softmax_sass.csv). Traffic as a copy: read MN, write MN."""
+    experiments/softmax_sass.py: reference/ch06_softmax_sass.csv). Traffic as a copy: read MN, write MN."""
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
     WORDS: tl.constexpr = BLOCK_SIZE // 2
     HALF_VEC: tl.constexpr = VEC // 2  # words a vector
@@ -216,10 +217,31 @@ def _prefetch_words_kernel(
 
 
 @triton.jit
-def _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS: tl.constexpr, MAX_SPIN: tl.constexpr):
+def _row_state(x_row, n_cols, WALK: tl.constexpr):
+    """The (max, sum of exp(x - max)) of a whole row, walked in blocks of WALK elements as pass 1 of
+    `_online_softmax_kernel`: what a chunk that waited too long computes for itself (read N again)."""
+    cols = tl.arange(0, WALK)
+    x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    row_sum = tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
+    for start in range(WALK, n_cols, WALK):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        row_sum = row_sum * tl.exp2((tl.where(m == -float("inf"), 0.0, m) - m_safe) * 1.4426950408889634)
+        row_sum += tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
+        m = m_new
+    return m, row_sum
+
+
+@triton.jit
+def _exchange(stats_ptr, sync_ptr, x_row, n_cols, row, chunk, m, total, CHUNKS: tl.constexpr,
+              MAX_SPIN: tl.constexpr, WALK: tl.constexpr):  # fmt: skip
     """A split row's chunk publishes its (m, l) = (max, sum of exp(x - m)), waits for the row's other chunks
     and merges all: M = max m_c, L = sum l_c exp(m_c - M). Returns the factor exp(m - M) / L that turns this
-    chunk's exp(x - m) into the softmax; NaN if the chunk gave up waiting (never a wrong number)."""
+    chunk's exp(x - m) into the softmax. A chunk whose partners have not all arrived after MAX_SPIN polls
+    stops waiting and computes (M, L) itself from the row in x (`_row_state`): slower, never wrong."""
     row64 = row.to(tl.int64)
     stat = stats_ptr + (row64 * CHUNKS + chunk) * 2
     tl.store(stat, m)
@@ -231,21 +253,22 @@ def _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS: tl.constexpr, M
         arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
         spins += 1
     tl.debug_barrier()
-    # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
-    idx = tl.arange(0, CHUNKS)
-    ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
-    ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
-    row_max = tl.max(ms, axis=0)
-    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-    row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
+    if arrived >= CHUNKS:
+        # Merge the CHUNKS states of the row: M = max m_c, L = sum l_c * exp(m_c - M).
+        idx = tl.arange(0, CHUNKS)
+        ms = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2, volatile=True)
+        ls = tl.load(stats_ptr + (row64 * CHUNKS + idx) * 2 + 1, volatile=True)
+        row_max = tl.max(ms, axis=0)
+        row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
+        row_sum = tl.sum(ls * tl.exp2((ms - row_max) * 1.4426950408889634), axis=0)
+    else:  # waited too long: the others may not be running (a busy GPU). Read the row again instead.
+        row_max, row_sum = _row_state(x_row, n_cols, WALK)
+        row_max = tl.where(row_max == -float("inf"), 0.0, row_max)
     # exp(x - M) / L = exp(x - m) * exp(m - M) / L. A chunk of -inf has num = 0 and must give 0, not 0 * inf
     # (exp(0 - M) overflows for a very negative M); a row of -inf (L = 0) still gives NaN, as torch.softmax.
     m_safe = tl.where(m == -float("inf"), 0.0, m)
     rescale = tl.exp2((m_safe - row_max) * 1.4426950408889634) / row_sum
-    rescale = tl.where((m == -float("inf")) & (row_sum > 0), 0.0, rescale)
-    # Gave up waiting: NaN for the whole chunk, never a wrong number. Chosen here, on one number: a select on
-    # each bfloat16 of the output costs three instructions an element (unpack, select, repack).
-    return tl.where(arrived >= CHUNKS, rescale, float("nan"))
+    return tl.where((m == -float("inf")) & (row_sum > 0), 0.0, rescale)
 
 
 @triton.jit
@@ -260,13 +283,16 @@ def _split_row_kernel(
     BLOCK_SIZE: tl.constexpr,  # columns per chunk
     CHUNKS: tl.constexpr,  # programs per row (a power of two)
     VEC: tl.constexpr,
-    MAX_SPIN: tl.constexpr,  # give up waiting after this many polls: NaN out, never a wrong number
+    MAX_SPIN: tl.constexpr,  # stop waiting after this many polls and compute the row's state alone
+    WALK: tl.constexpr,  # the block in which a chunk that stopped waiting reads the row again
 ):
     """A row too wide for one program, split over CHUNKS programs that each hold their chunk in registers:
     read once, write once (2MN). The chunks exchange their (max, sum) through global memory and wait for each
-    other. Programs take a ticket in the order they start, so when one waits, every program with a lower
-    ticket has started: a row's chunks are all running or done as long as CHUNKS programs fit on the GPU at
-    once. Under the interpreter programs run one after another: there this path never completes (not used)."""
+    other. Speed relies on a row's chunks running at once: programs take a ticket in the order they start, so
+    when one waits, every program with a lower ticket has started. Correctness relies on nothing: a chunk
+    that is still waiting after MAX_SPIN polls (its partners not resident: a busy GPU, MPS, another stream)
+    reads the whole row again and computes the row's (max, sum) itself (one more read of the row). Under the
+    interpreter programs run one after another: every chunk but a row's last takes that path."""
     n_cols, stride_xm, stride_om = n_col_vecs * VEC, x_row_vecs * VEC, out_row_vecs * VEC
     # The ticket is only a number: relaxed, no ordering (acq_rel, the default, measured 0.03-0.04 slower).
     ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
@@ -282,7 +308,8 @@ def _split_row_kernel(
     # after the wait added instructions where, at 2 bytes an element, there are few to spare.
     num = tl.exp2((x - m_safe) * 1.4426950408889634)  # x - m first: exact for close values, whatever |m| is
     total = tl.sum(num, axis=0)
-    rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN)
+    x_row = x_ptr + row64 * stride_xm
+    rescale = _exchange(stats_ptr, sync_ptr, x_row, n_cols, row, chunk, m, total, CHUNKS, MAX_SPIN, WALK)
     out = num * rescale
     tl.store(out_ptr + row64 * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=mask)  # write N
 
@@ -347,18 +374,19 @@ def _split_lean_kernel(
     CHUNKS: tl.constexpr,
     VEC: tl.constexpr,  # an even number of 16-bit elements: rows are whole 32-bit words
     MAX_SPIN: tl.constexpr,
+    WALK: tl.constexpr,
     NEG_INF: tl.constexpr,  # NEG_INF_WORD of the dtype
     PTX: tl.constexpr,
     HOLD: tl.constexpr = False,  # hold the words, not the exponentials, across the wait (mode split_hold)
 ):
-    """`_split_row_kernel` for 16-bit rows with fewer instructions an element (gpu_jobs/softmax_lean.py,
+    """`_split_row_kernel` for 16-bit rows with fewer instructions an element (experiments/softmax_lean.py,
     ch06_softmax_lean.csv): the chunk held as 32-bit words of two elements; exp(x - m) as one fma
     (`_exp2_shift`) instead of a subtract and a multiply; in bfloat16 on the GPU, the chunk's max taken on
     the packed pairs before widening. It needs more registers a thread than the split kernel, so it pays at
     4 warps (fewer, larger programs); the tuning times it for bfloat16 rows and keeps it where it is faster
     (rows of a million). Traffic as the split kernel: 2MN.
 
-    HOLD (gpu_jobs/softmax_hold.py, ch06_softmax_hold.csv): kept as they are, the exponentials stay in fp32
+    HOLD (experiments/softmax_hold.py, ch06_softmax_hold.csv): kept as they are, the exponentials stay in fp32
     across the wait, one register an element, so a 16384-element chunk takes about 166 registers a thread and
     three programs fit an SM. With HOLD only the loaded words wait, half a register an element, and the
     exponentials are computed again after the wait; launched under a register cap (`hold_registers`), five
@@ -386,7 +414,10 @@ def _split_lean_kernel(
     num_even = tl.exp2(even * a - b)
     num_odd = tl.exp2(odd * a - b)
     total = tl.sum(num_even + num_odd, axis=0) * correction
-    rescale = _exchange(stats_ptr, sync_ptr, row, chunk, m, total, CHUNKS, MAX_SPIN) * correction
+    x_row = x_ptr + row64 * (x_row_vecs * VEC)
+    n_cols = n_col_vecs * VEC
+    rescale = _exchange(stats_ptr, sync_ptr, x_row, n_cols, row, chunk, m, total, CHUNKS, MAX_SPIN, WALK)
+    rescale = rescale * correction
     if HOLD:  # the words were all that waited: widen and exponentiate them again
         even, odd = _widen_again(w, DTYPE, PTX)
         num_even = tl.exp2(even * a - b)
@@ -404,7 +435,8 @@ def hold_registers(block: int, warps: int) -> int:
     return block // (64 * warps) + 32
 
 
-MAX_SPIN = 1 << 16
+MAX_SPIN = 1 << 16  # polls before a waiting chunk computes its row's state itself
+WALK = 1024  # elements a step when it does (a few registers a thread beside the chunk it holds)
 MAX_CHUNKS = 64  # far fewer than the programs an H200 holds at once (132 SMs, several programs each)
 
 
@@ -467,7 +499,8 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
         chunks = triton.next_power_of_2(triton.cdiv(n_cols, block))
         stats = torch.empty(n_rows, chunks, 2, device=x.device, dtype=torch.float32)
         sync = torch.zeros(1 + n_rows, device=x.device, dtype=torch.int32)  # ticket, then arrivals per row
-        common = dict(BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, num_warps=warps)
+        common = dict(BLOCK_SIZE=block, CHUNKS=chunks, VEC=vec, MAX_SPIN=max_spin, WALK=min(block, WALK),
+                      num_warps=warps)  # fmt: skip
         # The tuning chose split_lean or split_hold on contiguous rows; a view whose rows are not whole 32-bit
         # words (an odd row stride, an odd offset) gets the plain split kernel at the same block and warps.
         if mode != "split" and x.element_size() == 2 and vec % 2 == 0:
@@ -490,16 +523,20 @@ def _launch(x, out, block: int, warps: int, mode: str, max_spin: int = MAX_SPIN)
 @functools.lru_cache(maxsize=256)
 def _tuned(n_rows: int, n_cols: int, dtype: torch.dtype) -> tuple[int, int, str]:
     """Times each candidate once per (shape, dtype) on the GPU and keeps the fastest (a small autotune).
-    A split config whose result has NaN (its chunks gave up waiting) is dropped."""
+    Every mode gives the softmax whatever the GPU runs beside it (a split chunk that waits too long computes
+    its row's state itself); a candidate whose output still differs from torch's is dropped all the same."""
     from labkernels.timing import autotune_bench
 
     x = torch.randn(n_rows, n_cols, device="cuda").to(dtype)
     out = torch.empty_like(x)
+    expected = torch.softmax(x.float(), dim=1)
+    atol, rtol = (1e-6, 1e-4) if dtype == torch.float32 else (1e-2, 2e-2)
     times = {}
     lean = dtype == torch.bfloat16 and vector_width(x, out) % 2 == 0
     for c in _candidates(n_cols, lean):
+        out.fill_(float("nan"))
         ms = autotune_bench(lambda c=c: _launch(x, out, *c), quantiles=(0.5,))
-        if not c[2].startswith("split") or not torch.isnan(out).any():
+        if torch.allclose(out.float(), expected, atol=atol, rtol=rtol):
             times[c] = ms
     return min(times, key=times.get)
 
@@ -544,6 +581,8 @@ def _check(x: torch.Tensor, out: torch.Tensor | None) -> None:
         )
     if out.stride(1) != 1:
         raise ValueError(f"online_softmax: out's columns must be contiguous (strides {out.stride()})")
+    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:
+        raise ValueError(f"online_softmax: out's rows overlap each other (strides {out.stride()}): a view?")
     if _overlaps(x, out):
         raise ValueError("online_softmax: out overlaps x (the second pass re-reads x after out is written)")
 

@@ -1,4 +1,4 @@
-"""Chapter 06 under the profiler: the DRAM bytes of attention, naive O(N^2) against fused O(N).
+"""Chapter 06 under the profiler: the DRAM bytes of attention, naive against fused.
 
 bf16, B=2, H=16, N=4096, D=64 (the scores: 1 GiB a copy, far past the H200's L2, and one ncu run well
 under a minute). Three implementations of softmax(Q K^T / sqrt(D)) V:
@@ -6,8 +6,9 @@ under a minute). Three implementations of softmax(Q K^T / sqrt(D)) V:
   summed over its kernels;
 - labkernels: this chapter's `flash_attention` (tuned on its first call);
 - sdpa_flash: SDPA with the FLASH backend forced (FlashAttention-2, CUDA).
-DRAM bytes against `traffic.attention_naive` and `traffic.flash_attention` (`model_bytes`), and how busy
-each keeps the tensor pipe.
+DRAM bytes against `traffic.attention_naive` and `traffic.flash_attention` (`model_bytes`: Q, K, V, O once),
+and how busy each keeps the tensor pipe. The fused kernels ask for K and V once per query block
+(`flash_attention.forward_hbm_bytes`); what the counters show below that is L2's share.
 """
 
 from __future__ import annotations

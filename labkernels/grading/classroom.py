@@ -11,17 +11,20 @@ How it runs:
   and grades its answers as `notebooks.grade_notebook` does for one folder; results come back over a pipe
   only this process holds (a notebook's kernel can print to the worker's stdout, so that is never read);
 - speed (GPU lane): afterwards, one answer at a time, in this process, so timings do not interfere;
-- a re-run skips a notebook whose bytes, chapter, grading package and lane are unchanged (`.cache/` in the
-  output folder; `--force` re-grades). The cache is read before any submission runs and written after the
-  last one is dead, so no submission can plant an entry;
+- a re-run skips a notebook whose student, bytes, chapter, grading package, venv and lane are unchanged
+  (`.cache/` in the output folder; `--force` re-grades); an `--unsafe` run neither reads nor writes it. The
+  cache is read before any submission runs and written after the last one is dead, so no submission can
+  plant an entry;
 - `PackageSeal`: the grading package (and the interpreter's start-up hooks) are hashed before any submission
-  runs and checked after each one; a change refuses the whole run, naming the file.
+  runs and checked after each one; `VenvManifest`: the venv is compared with its recorded known-good state
+  before the run and after each student; a change refuses the whole run, naming the file.
 - limits: `--notebook-timeout` per notebook (execution and grading; past it the notebook's exercises score
   zero) and `--run-timeout` for the whole run (what has not finished scores zero, saying so).
 
-Students graded at the same time (`-j`) run as the same OS user: they are isolated from the grader's verdicts,
-not from each other (a hostile notebook could read or disturb a neighbour's files while both run). For an
-untrusted class, grade with `-j 1` or run each student under its own user or container.
+Every notebook's kernel and every answer's worker run in an OS sandbox (`isolation`): students graded at the
+same time (`-j`) see neither each other, nor the grader, nor the instructor's files. Without one (`--unsafe`)
+they run as the instructor's user, beside each other: grade an untrusted class that way only with `-j 1`, in
+a container.
 """
 
 from __future__ import annotations
@@ -107,7 +110,10 @@ class PackageSeal:
     """Content hashes of the grading package's files (the whole `labkernels` package: the references the
     exercises compare to live there too), taken before any submission runs."""
 
-    def __init__(self, root: Path | None = None):
+    def __init__(self, root: Path | None = None, venv: VenvManifest | None = None, log=None):
+        self.venv = venv  # checked with the package, where given (against its record, not a snapshot)
+        if venv is not None:
+            venv.check("before this run", log)
         self.root = root or _package_dir()
         with contextlib.suppress(Exception):  # stale bytecode would be rewritten (legitimately) mid-run
             compileall.compile_dir(str(self.root), quiet=2)
@@ -133,6 +139,8 @@ class PackageSeal:
         return out
 
     def check(self, when: str) -> None:
+        if self.venv is not None:
+            self.venv.check(when)
         changed = self.changes()
         if changed:
             raise GraderChanged(
@@ -142,11 +150,76 @@ class PackageSeal:
             )
 
 
+class VenvChanged(GraderChanged):
+    """The interpreter's environment differs from the state recorded as known-good."""
+
+
+class VenvManifest:
+    """Size and modification/change times of every file of the venv and the standard library, recorded once
+    (first grading on this venv, or `grade --record-manifest`) into the venv, and compared before and after
+    every run: a file a submission added, removed or rewrote (a trojan in `nbclient/__init__.py`) refuses
+    grading in this run and every later one, until someone who knows the change records it again. A file's
+    change time cannot be set back by its owner. Bytecode (`__pycache__`) is written by imports and is not
+    listed: a sandboxed submission cannot write any of it (read-only), an `--unsafe` one could, and could
+    also rewrite this record; the manifest is a tripwire there, the sandbox is the wall."""
+
+    NAME = "labkernels-manifest.json"
+
+    def __init__(self, path: Path | None = None, roots: list[Path] | None = None):
+        self.path = path or Path(sys.prefix) / self.NAME
+        self.roots = roots or sorted({Path(sys.prefix), Path(sysconfig.get_paths()["stdlib"])})
+
+    def take(self) -> dict[str, list[int]]:
+        files = {}
+        for root in self.roots:
+            # the stdlib's own site-packages is not this interpreter's (the venv's is), its tests never run
+            skip = {"__pycache__"} | ({"site-packages", "test"} if root != Path(sys.prefix) else set())
+            for folder, dirs, names in os.walk(root):
+                dirs[:] = [d for d in dirs if d not in skip]
+                for name in names:
+                    path = os.path.join(folder, name)
+                    with contextlib.suppress(OSError):
+                        st = os.lstat(path)
+                        files[path] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        files.pop(str(self.path), None)
+        return files
+
+    def record(self) -> None:
+        _write(self.path, json.dumps(self.take()))
+
+    def digest(self) -> str:
+        return _hash_file(self.path)
+
+    def check(self, when: str, log=None) -> None:
+        try:
+            known = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            self.record()
+            if log:
+                log(f"recorded the venv's manifest (its known-good state): {self.path}")
+            return
+        except (OSError, ValueError) as e:
+            raise VenvChanged(
+                f"refusing to grade: cannot read the venv's manifest {self.path}: {e}"
+            ) from None
+        now = self.take()
+        changed = [p for p in known if p in now and now[p] != known[p]]
+        changed += [f"{p} (removed)" for p in known if p not in now]
+        changed += [f"{p} (added)" for p in now if p not in known]
+        if changed:
+            raise VenvChanged(
+                f"refusing to grade: the venv differs from its recorded known-good state {when}: "
+                f"{', '.join(changed[:5])}{' …' if len(changed) > 5 else ''}. A submission may have planted "
+                "code there. If you changed it yourself (pip install), record it again with "
+                "`python -m labkernels grade --record-manifest`; otherwise reinstall the venv"
+            )
+
+
 class _ExpectedSeal(PackageSeal):
     """A worker's seal: checks against the manifest the class's process took (not one of its own)."""
 
     def __init__(self, root: Path, files: dict[str, str]):
-        self.root, self.files = root, files
+        self.root, self.files, self.venv = root, files, None  # the class's process checks the venv
 
 
 # --- finding the class --------------------------------------------------------------------------------------
@@ -189,9 +262,11 @@ def _write(path: Path, text: str) -> None:
 # --- the cache ----------------------------------------------------------------------------------------------
 
 
-def cache_key(data: bytes, chapter: str, seal_digest: str, lane: str) -> str:
+def cache_key(student: str, data: bytes, chapter: str, seal_digest: str, venv_digest: str, lane: str) -> str:
+    """Who handed it in and everything the sandboxed run could read: the notebook, the package, the venv (its
+    recorded state), the lane. Two students' identical notebooks are two entries: neither gets the other's."""
     h = hashlib.sha256()
-    for part in (hashlib.sha256(data).hexdigest(), chapter, seal_digest, lane):
+    for part in (student, hashlib.sha256(data).hexdigest(), chapter, seal_digest, venv_digest, lane):
         h.update(part.encode() + b"\0")
     return h.hexdigest()
 
@@ -360,9 +435,14 @@ def grade_class(
     start = time.monotonic()
     run_deadline = None if run_timeout is None else start + run_timeout
     nbs._set_subreaper()
-    seal = PackageSeal()
+    seal = PackageSeal(venv=VenvManifest(), log=log)
     lane = _lane()
-    cache = {} if force else _load_cache(out)
+    from labkernels.grading import isolation
+    from labkernels.grading.remote import PACKAGE_ROOT
+
+    # Unsandboxed, a run may read anything (another student's answers): what it decided is never reused.
+    cacheable = isolation.enabled(PACKAGE_ROOT)
+    cache = _load_cache(out) if cacheable and not force else {}
     students = {s.name: s for s in _subfolders(class_dir)}
     plans, results, pending, used = {}, {}, [], {}
     for name, folder in students.items():  # read every notebook before any of them runs
@@ -370,7 +450,7 @@ def grade_class(
         items, reports = [], []
         for nb, chapter in todo:
             data = nb.read_bytes()
-            key = cache_key(data, chapter, seal.digest, lane)
+            key = cache_key(name, data, chapter, seal.digest, seal.venv.digest(), lane)
             if key in cache:
                 reports.append(json.loads(json.dumps(cache[key])) | {"notebook": str(nb), "cached": True})
                 used[key] = cache[key]
@@ -391,7 +471,7 @@ def grade_class(
     for name, (_todo, extra) in plans.items():
         results[name] = _order(results[name]) + extra
     for key, report in new_entries.items():
-        if _cacheable(report):
+        if cacheable and _cacheable(report):
             used[key] = report
     _write_outputs(out, class_dir, results, used, export, time.monotonic() - start)
     return results
@@ -642,7 +722,12 @@ def _write_outputs(out: Path, class_dir: Path, results: dict, cache: dict, expor
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name).lstrip(".") or "_"
+    """A file name for a student: the name itself where it is one; otherwise its safe characters and a hash of
+    the name, so "anna smith" and "anna_smith" never share a file."""
+    safe = "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name).lstrip(".") or "_"
+    if safe == name:
+        return name
+    return f"{safe}~{hashlib.sha256(name.encode()).hexdigest()[:10]}"
 
 
 def summary(results: dict) -> str:

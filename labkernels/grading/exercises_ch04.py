@@ -1,5 +1,6 @@
 """Chapter 04 exercises: the roofline verdict and best-case time of GEMMs and convolutions, the split-K
-partial-sum reduction, the implicit-GEMM index of a filter tap, and choosing cuDNN/cuBLAS settings.
+partial-sum reduction, the implicit-GEMM index of a filter tap, choosing cuDNN/cuBLAS settings, and split-K's
+fixed-order reduction as a Triton kernel.
 
 Shapes are drawn at grading time; K is odd where a split must not divide it. The closed forms the answers
 are checked against live here, in the grader, not in the package the learner imports.
@@ -12,7 +13,7 @@ import math
 
 import torch
 
-from labkernels import timing
+from labkernels import size, timing, traffic
 from labkernels.grading.core import CaseFailed, exercise
 from labkernels.lane import LANE
 
@@ -80,7 +81,7 @@ BOUND_MARGIN = 1.25
 )
 def _grade_4_1(student, g):
     # student(op: dict, bandwidth_gbps, peak_tflops) -> ("compute" | "memory", best-case ms)
-    with g.case("GEMMs: squares, the seed's M=100 K=10, and random shapes", points=1):
+    with g.case("GEMMs: squares, M=100 K=10 (a common example), and random shapes", points=1):
         ops = [_gemm_op(g, 4096, 4096, 4096), _gemm_op(g, 100, 4096, 10)]
         ops += [_gemm_op(g, g.randint(1, 9000), g.randint(1, 9000), g.randint(1, 9000)) for _ in range(6)]
         for bandwidth, peak in _machines(g):
@@ -327,3 +328,47 @@ def _grade_4_4(student, g):
             f"six new shapes took {mine['changing_ms']:.1f} ms with your settings, "
             f"{plain['changing_ms']:.1f} ms without cudnn.benchmark",
         )
+
+
+# --- 4.5: the split-K reduction, a Triton kernel ----------------------------------------------------------
+
+
+@exercise(
+    "4.5", "Split-K's fixed-order reduction as a Triton kernel", points=4, speed_points=2, timeout_s=180,
+    requires="triton",
+)  # fmt: skip
+def _grade_4_5(student, g):
+    # student(partials, c): partials (S, M, N) float32, contiguous; c (M, N) contiguous, float32 / float16
+    # (bfloat16 on the GPU lane). Writes partials[0] + partials[1] + ... + partials[S-1], added in that order
+    # in fp32, then cast to c's dtype: bitwise what `_fold` gives.
+    def one(splits, m, n, dtype):
+        partials = g.randn(splits, m, n)
+        c = g.guarded_empty((m, n), dtype)
+        student(partials, c)
+        want = _fold(partials.cpu()).to(dtype)
+        atol = 1e-5 * math.sqrt(splits) if dtype == torch.float32 else 2e-3 * math.sqrt(splits)
+        g.check_close(c, partials.double().sum(0), atol=atol, rtol=1e-3)  # the right sum, whatever the order
+        g.expect(torch.equal(c.cpu(), want), "c is not the partials added in order s = 0, 1, ..., then cast")
+
+    rows = size(cpu=(3, 40), gpu=(100, 3000))
+    with g.case("odd M and N, a few splits", points=1):
+        one(g.randint(2, 8), _odd(g, *rows), _odd(g, 3, 700), torch.float32)
+    with g.case("one split: the partial itself", points=1):
+        one(1, _odd(g, *rows), _odd(g, 3, 700), torch.float32)
+    with g.case("many splits (more than a block of them)", points=1):
+        one(g.randint(17, 40), _odd(g, 3, 40), _odd(g, 3, 300), torch.float32)
+    with g.case("a float16 output (summed in fp32, cast once)", points=1):
+        one(g.randint(2, 8), _odd(g, *rows), _odd(g, 3, 700), torch.float16)
+    with g.case("bandwidth >= 70% of copy: 8 splits of 4096 x 2048 into bfloat16", points=2, gpu_only=True):
+        splits, m, n = 8, 4096, 2048
+        partials = g.randn(splits, m, n)
+        c = g.guarded_empty((m, n), torch.bfloat16)
+        student(partials, c)
+
+        def right(partials, c):
+            g.check_close(c, _fold(partials.cpu()).to(torch.bfloat16).double(), atol=0, rtol=0)
+
+        right(partials, c)
+        nbytes = splits * m * n * 4 + m * n * 2  # read S x M x N fp32, write M x N bf16
+        moved = traffic.Traffic("split-K reduction", nbytes, splits * m * n)
+        g.expect_bandwidth(lambda: student(partials, c), moved, fraction=0.7, check=right)

@@ -50,7 +50,7 @@ def _grade_5_1(student, g):
         want = _chain_bytes(ops, n, element_size)
         g.expect(got == want, f"chain {[name for name, _ in ops]} of n={n}: got {got}, expected {want}")
 
-    with g.case("add + relu: the 5T vs 3T of the seed", points=1):
+    with g.case("add + relu: 5T eager, 3T fused", points=1):
         n = g.randint(1000, 10**6)
         one([("add", [n, n]), ("relu", [])], n, 4)
     with g.case("a chain of unary ops after x + y (2N+1 vs 3 passes)", points=1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -13,77 +14,219 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = 'raise NotImplementedError("Exercise: replace this line with your solution")'
 
 
-def strip_solutions(source: str) -> str:
-    """Replace every BEGIN/END SOLUTION region with a stub at the region's indentation."""
-    out, inside = [], False
-    for line in source.splitlines():
+class ExercisesRefused(ValueError):
+    """Writing exercises here would lose work (or the input cannot make exercises): the message says why and
+    what to do instead."""
+
+
+def strip_solutions(source: str, where: str = "") -> str:
+    """Replace every BEGIN/END SOLUTION region with a stub at the region's indentation. `where` (a file and
+    cell) starts any error message; its line numbers count from the cell's first line."""
+    prefix = f"{where}: " if where else ""
+    out, opened = [], None  # opened: the line number of the BEGIN whose END is still to come
+    for number, line in enumerate(source.splitlines(), start=1):
         stripped = line.strip()
         if stripped.startswith(BEGIN):
-            if inside:
-                raise ValueError("nested ### BEGIN SOLUTION")
-            inside = True
+            if opened is not None:
+                raise ValueError(
+                    f"{prefix}the {BEGIN} at line {opened} has no {END} before the next {BEGIN} at line "
+                    f"{number}: close each region before opening another"
+                )
+            opened = number
             out.append(line[: len(line) - len(line.lstrip())] + STUB)
         elif stripped.startswith(END):
-            if not inside:
-                raise ValueError("### END SOLUTION without a BEGIN")
-            inside = False
-        elif not inside:
+            if opened is None:
+                raise ValueError(f"{prefix}line {number}: {END} without a BEGIN above it")
+            opened = None
+        elif opened is None:
             out.append(line)
-    if inside:
-        raise ValueError("### BEGIN SOLUTION without an END")
+    if opened is not None:
+        raise ValueError(f"{prefix}line {opened}: {BEGIN} without an END (add {END} where the answer ends)")
     return "\n".join(out)
 
 
-def make_exercise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """A copy of a solution notebook with solutions stubbed and every output cleared."""
+def make_exercise(nb: nbformat.NotebookNode, name: str = "") -> nbformat.NotebookNode:
+    """A copy of a solution notebook with solutions stubbed and every output cleared (`name`: the file, for
+    error messages)."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
-    for cell in nb.cells:
+    for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
-            cell.source = strip_solutions(cell.source)
+            where = f"{name}, cell {index}" if name else f"cell {index}"
+            cell.source = strip_solutions(cell.source, where)
             cell.outputs, cell.execution_count = [], None
     return nb
 
 
-def exercise_text(solution_path: Path) -> str:
-    nb = make_exercise(nbformat.read(solution_path, as_version=4))
+def read_solution(solution_path: Path, text: str | None = None) -> nbformat.NotebookNode:
+    """The solution notebook at `solution_path` (or its `text`); an `ExercisesRefused` naming the file and
+    the line where it is not a notebook."""
+    try:
+        if text is None:
+            text = solution_path.read_text(encoding="utf-8")
+        json.loads(text)  # first, for the line of a JSON error (nbformat's own error names none)
+        return nbformat.reads(text, as_version=4)
+    except json.JSONDecodeError as e:
+        raise ExercisesRefused(
+            f"{solution_path} is not a notebook: not JSON at line {e.lineno}, column {e.colno} ({e.msg})"
+        ) from None
+    except (
+        UnicodeDecodeError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        nbformat.ValidationError,
+    ) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise ExercisesRefused(f"{solution_path} is not a notebook: {first}") from None
+
+
+def exercise_text(solution_path: Path, text: str | None = None) -> str:
+    """What the generator writes for the solution notebook at `solution_path` (or for its `text`)."""
+    try:
+        nb = make_exercise(read_solution(solution_path, text), str(solution_path))
+    except ExercisesRefused:
+        raise
+    except ValueError as e:
+        raise ExercisesRefused(str(e)) from None
     return nbformat.writes(nb) + "\n"
 
 
+def _committed(path: Path) -> str | None:
+    """The text of `path` in the git commit checked out (HEAD), or None (no git, not committed)."""
+    try:
+        done = subprocess.run(
+            ["git", "show", f"HEAD:./{path.name}"],
+            cwd=path.parent,
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.decode("utf-8", errors="replace") if done.returncode == 0 else None
+
+
+def generated_versions(src: Path) -> list[str]:
+    """Texts an exercise of `src` has when nobody edited it: what the generator writes from `src` now, and
+    from `src` as committed (the course's exercise, while `src` has edits not yet committed)."""
+    versions = [exercise_text(src)]
+    committed = _committed(src)
+    if committed is not None:
+        try:
+            versions.append(exercise_text(src, committed))
+        except ExercisesRefused:
+            pass
+    return versions
+
+
+def _cell_sources(text: str) -> list[str]:
+    """The cells' sources of a notebook's text ([] if it is not a notebook)."""
+    try:
+        cells = json.loads(text).get("cells") or []
+        return ["".join(c["source"]) if isinstance(c["source"], list) else str(c["source"]) for c in cells]
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return []
+
+
+#: An exercise someone edited still has most of its cells as generated (the text, the checks); a chapter's
+#: notebook of the same name shares none with the exercise.
+KIN_FRACTION = 0.25
+
+
+def is_exercise(text: str, versions: list[str]) -> bool:
+    """Whether the notebook `text` is one of the generated `versions`, edited or not: at least
+    `KIN_FRACTION` of some version's cells are in it, word for word."""
+    if text in versions:
+        return True
+    cells = set(_cell_sources(text))
+    for version in versions:
+        generated = _cell_sources(version)
+        if generated and sum(c in cells for c in generated) >= KIN_FRACTION * len(generated):
+            return True
+    return False
+
+
 def unsafe_exercise_folder(solutions: Path, exercises: Path) -> str | None:
-    """Why writing exercises from `solutions` into `exercises` would destroy work, or None if it is safe:
-    the same folder (every solution would become a stub), or an exercises folder whose notebooks hold
-    solution regions (someone's solutions, which a stub must not replace)."""
+    """Why writing exercises from `solutions` into `exercises` would destroy work whatever the user says,
+    or None: the same folder (every solution would become a stub), a file, or a folder holding notebooks
+    that are not exercises generated from `solutions` (someone's solutions, the chapters' notebooks, a
+    notebook of the user's own)."""
+    if exercises.exists() and not exercises.is_dir():
+        return f"{exercises} is a file, not a folder: give --exercises a folder (new, or of exercises)"
     if solutions.resolve() == exercises.resolve():
         return f"{exercises} is the solutions folder itself: its solutions would be replaced by stubs"
     if not exercises.is_dir():
         return None
     for dst in sorted(exercises.glob("*.ipynb")):
         try:
-            text = dst.read_text()
+            text = dst.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
-            continue
+            return f"{dst} cannot be read as a notebook: it is not a generated exercise"
         if BEGIN in text:
             return f"{dst} holds solution regions ({BEGIN}): it is not a generated exercise"
+        src = solutions / dst.name
+        if not src.exists():
+            return (
+                f"{dst} has no solution notebook ({src}): this folder holds notebooks that are not "
+                "generated exercises. Give --exercises a new folder, or the folder of exercises"
+            )
+        if not is_exercise(text, generated_versions(src)):
+            return (
+                f"{dst} is not the exercise of {src} (it shares almost no cell with it): this folder holds "
+                "notebooks that are not generated exercises (the chapters' notebooks?). Give --exercises a "
+                "new folder, or the folder of exercises"
+            )
     return None
 
 
-def write_exercises(solutions: Path, exercises: Path) -> list[Path]:
-    refusal = unsafe_exercise_folder(solutions, exercises)
-    if refusal:
-        raise ValueError(f"refusing to write exercises: {refusal}")
-    if not solutions.is_dir():
-        raise FileNotFoundError(f"no such folder of solutions: {solutions}")
-    exercises.mkdir(parents=True, exist_ok=True)
-    written = []
+def edited_exercises(solutions: Path, exercises: Path) -> list[Path]:
+    """The exercise notebooks in `exercises` that differ from every text the generator gave them (see
+    `generated_versions`): someone edited them, e.g. a learner's answers."""
+    edited = []
     for src in sorted(solutions.glob("*.ipynb")):
         dst = exercises / src.name
-        dst.write_text(exercise_text(src))
+        if dst.exists() and dst.read_text(encoding="utf-8") not in generated_versions(src):
+            edited.append(dst)
+    return edited
+
+
+def refresh_advice(exercises: Path) -> str:
+    """How to get fresh stubs without losing the answers in `exercises`."""
+    return (
+        f"To keep the answers and get fresh stubs, write them to a new folder and copy your answers over: "
+        f"`python -m labkernels exercises --exercises {exercises.name}-new`. To replace the edited notebooks "
+        f"with stubs (their answers are lost): `python -m labkernels exercises --force`"
+    )
+
+
+def write_exercises(solutions: Path, exercises: Path, force: bool = False) -> list[Path]:
+    """Write every solution notebook's exercise into `exercises`. Refused (`ExercisesRefused`, nothing
+    written) where it would destroy work: see `unsafe_exercise_folder`, and an edited exercise unless
+    `force`."""
+    if not solutions.is_dir():
+        raise FileNotFoundError(f"no such folder of solutions: {solutions}")
+    refusal = unsafe_exercise_folder(solutions, exercises)
+    if refusal:
+        raise ExercisesRefused(f"refusing to write exercises: {refusal}")
+    texts = {src.name: exercise_text(src) for src in sorted(solutions.glob("*.ipynb"))}  # every one parses
+    edited = [] if force else edited_exercises(solutions, exercises)
+    if edited:
+        names = "\n".join(f"  {p}" for p in edited)
+        raise ExercisesRefused(
+            f"refusing to write exercises: these differ from every version the generator wrote (edited, "
+            f"e.g. answers), and writing would replace them with stubs:\n{names}\n{refresh_advice(exercises)}"
+        )
+    exercises.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in texts.items():
+        dst = exercises / name
+        dst.write_text(text)
         written.append(dst)
     return written
 
 
 def out_of_sync(solutions: Path, exercises: Path) -> list[str]:
-    """Names of exercise notebooks that are missing, stale, or have no solution notebook."""
+    """Names of exercise notebooks that are missing, stale (or edited), or have no solution notebook."""
     problems = []
     for src in sorted(solutions.glob("*.ipynb")):
         dst = exercises / src.name
@@ -177,11 +320,15 @@ def _kernel_env(submit_path: str) -> dict:
 def _read_submissions(path: Path, chapter: str) -> tuple[dict[str, dict], list[str]]:
     """The last answer handed in for each exercise of `chapter` (answers for other chapters are ignored)."""
     answers, notes = {}, []
-    if not path.exists():
+    try:  # the notebook wrote this file: never follow a link it put in its place (to another student's file)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
         return answers, notes
-    if path.stat().st_size > MAX_SUBMISSIONS_BYTES:
-        return answers, ["the handed-in answers are too large to read"]
-    for line in path.read_text(errors="replace").splitlines():
+    with os.fdopen(fd, "rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_SUBMISSIONS_BYTES:
+            return answers, ["the handed-in answers are too large to read"]
+        text = f.read(MAX_SUBMISSIONS_BYTES).decode(errors="replace")
+    for line in text.splitlines():
         try:
             rec = json.loads(line)
             ex_id, answer = str(rec["exercise"]), rec["answer"]
@@ -214,6 +361,32 @@ def execute_notebook(
     return problem
 
 
+def _kernel_manager(run_dir: Path):
+    """The notebook's kernel: in the sandbox (`isolation`) where grading uses one, reached over Unix sockets
+    in the run's own folder (the sandbox has no network; no TCP port to take or to listen in on)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    from labkernels.grading import isolation
+    from labkernels.grading.remote import PACKAGE_ROOT
+
+    sandbox = []
+    if isolation.enabled(PACKAGE_ROOT):
+        (run_dir / "root").mkdir(exist_ok=True)
+        sandbox = isolation.prefix([str(run_dir)], PACKAGE_ROOT, str(run_dir / "root"))
+
+    class SandboxedKernelManager(AsyncKernelManager):
+        def __init__(self, **kw):
+            kw.update(
+                transport="ipc", ip=str(run_dir / "kernel"), connection_file=str(run_dir / "kernel.json")
+            )
+            super().__init__(**kw)
+
+        def format_kernel_cmd(self, extra_arguments=None):
+            return sandbox + super().format_kernel_cmd(extra_arguments)
+
+    return SandboxedKernelManager
+
+
 def _any_cell_ran(nb) -> bool:
     """Whether a kernel ran one of the notebook's code cells (it numbers every cell it executes)."""
     return any(c.get("cell_type") == "code" and c.get("execution_count") is not None for c in nb.cells)
@@ -236,9 +409,13 @@ def _execute_once(nb, workdir: Path, cell_timeout: int, submit_path: Path, deadl
             timeout_func=timeout_for,
             allow_errors=True,
             kernel_name="python3",
+            kernel_manager_class=_kernel_manager(submit_path.parent),
             resources={"metadata": {"path": str(workdir)}},
         )
-        client.execute(env=_kernel_env(str(submit_path)), cwd=str(workdir))
+        # The kernel's own log (start-up notices, its messaging errors when a cell is stopped) is not the
+        # instructor's to read in every grading run: it goes to a file of the run's folder.
+        with open(submit_path.parent / "kernel.log", "ab") as log:
+            client.execute(env=_kernel_env(str(submit_path)), cwd=str(workdir), stdout=log, stderr=log)
     except CellTimeoutError:
         if deadline is not None and time.monotonic() >= deadline - 1:
             return TIME_LIMIT
@@ -259,6 +436,8 @@ def _outcome(ex, answer: dict | None, speed: bool, lane: str, deadline: float | 
 
     if answer is None:
         return {"cases": [], "error": "its check cell did not run"}
+    if answer["kind"] == "missing":
+        return {"cases": [], "error": answer["error"]}
     if answer["kind"] == "error":
         return {"cases": [], "error": str(answer.get("error"))[:300]}
     if speed and lane != "gpu":
@@ -299,7 +478,11 @@ def grade_notebook(
     match = CHAPTER.match(path.name)
     chapter = chapter or (match.group(1) if match else None)
     expected = for_chapter(chapter) if chapter else []
+    from labkernels.grading import isolation
+    from labkernels.grading.remote import PACKAGE_ROOT
+
     report = {"notebook": str(path), "problem": None, "exercises": [], "notes": []}
+    report["sandbox"] = isolation.mode(PACKAGE_ROOT)  # how this notebook ran: the instructor reads it here
     data = path.read_bytes() if data is None else data
     try:
         nb = nbformat.reads(data.decode(), as_version=4)
@@ -318,8 +501,9 @@ def grade_notebook(
             seal.check(f"after running {path}")
     if report["problem"] == TIME_LIMIT:
         answers = {}
+    ran = check_cells(nb) if nb is not None else {}
     for ex in expected:
-        answer = answers.get(ex.ex_id)
+        answer = answers.get(ex.ex_id) or ran.get(ex.ex_id)
         if report["problem"] == TIME_LIMIT:
             answer = {"kind": "error", "error": TIME_LIMIT}
         correctness = None
@@ -340,6 +524,26 @@ def grade_notebook(
     if seal is not None:
         seal.check(f"after grading {path}")
     return report
+
+
+CHECK_CALL = re.compile(r"""\bcheck(?:_speed)?\(\s*["'](\d+\.\d+)["']""")
+
+
+def check_cells(nb) -> dict[str, dict]:
+    """For exercises whose check cell ran without handing an answer in: why, as the executed notebook shows it
+    (the cell raised, or ran and handed nothing in). Read from the outputs: never a score, only a reason."""
+    why = {}
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code" or cell.get("execution_count") is None:
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            reason = f"its check cell raised {errors[0].get('ename')}: {str(errors[0].get('evalue'))[:200]}"
+        else:
+            reason = "its check cell ran but handed nothing in (was `check` replaced?)"
+        for ex_id in CHECK_CALL.findall(cell.get("source", "")):
+            why.setdefault(ex_id, {"kind": "missing", "error": reason})
+    return why
 
 
 NOT_TIMED = "not timed: none of its correctness cases passed"

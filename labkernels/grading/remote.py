@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from labkernels.grading import zygote
+from labkernels.grading import isolation, zygote
 from labkernels.grading.child import recv, replace_tensors, send, tensors_in
 from labkernels.grading.core import CaseFailed, _Skip
 
@@ -79,12 +79,13 @@ class Student:
     def _start(self) -> None:
         if self._restarts > MAX_RESTARTS:
             raise Stop(f"your code ended its process {self._restarts} times; grading stopped")
-        self._tmp = tempfile.TemporaryDirectory(prefix="labkernels-worker-")
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        self._proc = self._spawn(to_child_r, from_child_w, os.path.join(self._tmp.name, "output.log"))
-        os.close(to_child_r)
-        os.close(from_child_w)
+        try:
+            self._proc = self._spawn(to_child_r, from_child_w)
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
         self._out = Connection(to_child_w, readable=False)
         self._in = Connection(from_child_r, writable=False)
         send(self._out, {"answer": self.answer, "requires": self.requires, "forbids": list(self.forbids)})
@@ -94,19 +95,28 @@ class Student:
             self.close()
             raise CaseFailed(self.load_error)
 
-    def _spawn(self, fd_in: int, fd_out: int, log_path: str):
-        """The worker process, in its own session and folder, its output in log_path (the answer's prints).
-        Forked from the zygote where there is no CUDA device; a fresh interpreter where there is."""
+    def _spawn(self, fd_in: int, fd_out: int):
+        """The worker process, in its own session and folder (the answer's prints go to a log there),
+        sandboxed where grading uses a sandbox (`isolation`). Forked from the zygote where there is no CUDA
+        device; a fresh interpreter where there is."""
         env = worker_env(self.lane)
+        sandboxed = isolation.enabled(PACKAGE_ROOT)
         if not torch.cuda.is_available():
             for _ in range(2):  # an answer may have killed the zygote: a new one is started once
                 try:
-                    return zygote.zygote_for(env, PACKAGE_ROOT).fork(fd_in, fd_out, self._tmp.name, log_path)
+                    z = zygote.zygote_for(env, PACKAGE_ROOT, sandboxed)
+                    self._tmp = tempfile.TemporaryDirectory(prefix="labkernels-worker-", dir=z.area)
+                    return z.fork(fd_in, fd_out, self._tmp.name, os.path.join(self._tmp.name, "output.log"))
                 except (ConnectionError, OSError):
                     continue
-        with open(log_path, "wb") as log:
+        self._tmp = tempfile.TemporaryDirectory(prefix="labkernels-worker-")
+        sandbox = []
+        if sandboxed:
+            os.mkdir(os.path.join(self._tmp.name, "root"))
+            sandbox = isolation.prefix([self._tmp.name], PACKAGE_ROOT, os.path.join(self._tmp.name, "root"))
+        with open(os.path.join(self._tmp.name, "output.log"), "wb") as log:
             return subprocess.Popen(
-                [sys.executable, "-I", "-c", _WORKER_MAIN, PACKAGE_ROOT, str(fd_in), str(fd_out)],
+                [*sandbox, sys.executable, "-I", "-c", _WORKER_MAIN, PACKAGE_ROOT, str(fd_in), str(fd_out)],
                 pass_fds=(fd_in, fd_out),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,13 +32,23 @@ _MAIN = (
 
 
 class Zygote:
-    """The grading process's end: `fork` a worker, `wait` for one to end. One per worker environment."""
+    """The grading process's end: `fork` a worker, `wait` for one to end. One per worker environment.
 
-    def __init__(self, env: dict, package_root: str):
-        self.env = env
+    Sandboxed (`isolation`), the zygote and its workers share one sandbox, whose only writable folder of the
+    machine is `area`: each worker's folder is made there. Pids it reports are its namespace's own."""
+
+    def __init__(self, env: dict, package_root: str, sandboxed: bool = False):
+        from labkernels.grading import isolation
+
+        self.env, self.sandboxed = env, sandboxed
+        self.area = tempfile.mkdtemp(prefix="labkernels-zygote-")
+        os.mkdir(os.path.join(self.area, "root"))
+        sandbox = (
+            isolation.prefix([self.area], package_root, os.path.join(self.area, "root")) if sandboxed else []
+        )
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per request
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _MAIN, package_root, str(theirs.fileno())],
+            [*sandbox, sys.executable, "-I", "-c", _MAIN, package_root, str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -62,29 +73,46 @@ class Zygote:
     def fork(self, fd_in: int, fd_out: int, cwd: str, log: str) -> ForkedWorker:
         """A worker reading requests from fd_in and writing replies to fd_out, in folder cwd."""
         pid = self._ask({"op": "fork", "cwd": cwd, "log": log}, (fd_in, fd_out))["pid"]
-        return ForkedWorker(self, pid)
+        return ForkedWorker(self, pid, self.host_pid(pid))
+
+    def host_pid(self, pid: int) -> int:
+        """This process's pid for the zygote's child `pid` (a pid in the sandbox's namespace)."""
+        if not self.sandboxed:
+            return pid
+        from labkernels.grading.notebooks import _descendants
+
+        for candidate in _descendants(self.proc.pid):
+            try:
+                status = open(f"/proc/{candidate}/status").read()
+            except OSError:
+                continue
+            nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+            if nspid and nspid[-1] == str(pid):
+                return candidate
+        raise ConnectionError(f"the zygote's worker {pid} is not among its processes")
 
     def close(self) -> None:
         self.sock.close()  # the zygote reads EOF and exits
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.proc.kill()  # `unshare --kill-child`: the sandbox's first process, and with it all the rest
             self.proc.wait()
+        shutil.rmtree(self.area, ignore_errors=True)
 
 
 class ForkedWorker:
     """What `remote.Student` needs of a worker process: its pid (its process group's id) and `wait()`."""
 
-    def __init__(self, zygote: Zygote, pid: int):
-        self.zygote, self.pid = zygote, pid
+    def __init__(self, zygote: Zygote, inner_pid: int, pid: int):
+        self.zygote, self.inner_pid, self.pid = zygote, inner_pid, pid
         self.returncode: int | None = None
 
     def wait(self) -> int | None:
         """Exit code (negative: the signal that ended it); None if the zygote died before it could tell."""
         if self.returncode is None:
             try:
-                self.returncode = self.zygote._ask({"op": "wait", "pid": self.pid})["code"]
+                self.returncode = self.zygote._ask({"op": "wait", "pid": self.inner_pid})["code"]
             except (ConnectionError, OSError, ValueError):
                 return None
         return self.returncode
@@ -101,15 +129,15 @@ def _close_all() -> None:
     _zygotes.clear()
 
 
-def zygote_for(env: dict, package_root: str) -> Zygote:
+def zygote_for(env: dict, package_root: str, sandboxed: bool = False) -> Zygote:
     """The running zygote for this environment, started (again) if there is none or it died."""
-    key = json.dumps(env, sort_keys=True)
+    key = json.dumps([env, sandboxed], sort_keys=True)
     z = _zygotes.get(key)
     if z is None or not z.alive():
         for stale in list(_zygotes.values()):  # one at a time: an environment that changed ends the old one
             stale.close()
         _zygotes.clear()
-        z = _zygotes[key] = Zygote(env, package_root)
+        z = _zygotes[key] = Zygote(env, package_root, sandboxed)
     return z
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbformat
 
+LEFTOVER = "labkernels-attack-leftover"  # in the command line of the leftover attack's process
 HEAD = "import labkernels  # noqa: F401\nfrom labkernels.grading import check, check_speed\n"
 
 STUB_3_1 = "def add_relu(x, y, out):\n    raise NotImplementedError\n"
@@ -41,16 +42,15 @@ NOTEBOOKS = {
         STUB_3_1,
         "check('3.1', add_relu)",
     ],
-    # 8. A detached process (new session, double fork) outlives the grading; it records its pid.
+    # 8. A detached process (new session, double fork) outlives the grading; its command line carries LEFTOVER
+    # (a sandboxed one cannot write a file the test could read, nor has a pid the test could name).
     "leftover": [
         HEAD,
         "import os, subprocess, sys\n"
-        "pidfile = os.environ.get('ATTACK_PIDFILE', '/tmp/labkernels-attack-leftover.pid')\n"
         "subprocess.Popen([sys.executable, '-c', 'import os, sys, time\\n'\n"
         "    'if os.fork(): sys.exit(0)\\n'\n"
         "    'os.setsid()\\n'\n"
-        "    f'open({pidfile!r}, \"w\").write(str(os.getpid()))\\n'\n"
-        "    'time.sleep(600)'], start_new_session=True).wait()\n",
+        "    'time.sleep(600)', 'labkernels-attack-leftover'], start_new_session=True).wait()\n",
     ],
     # 7. Only a correct 3.4 handed in: the possible total must still count every chapter.
     "only_3_4": [

@@ -1,0 +1,145 @@
+"""Weight-only int8 at decode (M = 1 and 16, bf16): chapter 05's GEMV/split-K kernel beside cuBLAS on bf16
+weights and the prologue-fused matmul kernel, and cuBLASLt's fused bias + GELU epilogue beside chapter 05's.
+
+Rows (labkernels/reference/ch05_int8_gemv.csv, read by notebook 05 sections 6 and 7):
+- kind "int8": at K x N = 4096 x 4096 and 4096 x 14336, M in {1, 16}: cuBLAS on bf16 weights (`a @ w16`),
+  `int8_gemv` (its tuned config; the int8 -> bf16 conversion by integer adds), the same config with the plain
+  cast (`magic=False`), and `int8_matmul(path="fused")`. Each output poisoned by a fresh allocation, checked
+  against fp64 (fresh inputs); timed as CUDA-graph replays (host out) and as plain calls (host in).
+- kind "epilogue": gelu(a @ b + bias) at 4096^3 bf16: eager (cuBLAS, then two passes), cuBLAS without the
+  epilogue, `torch._addmm_activation(bias, a, b, use_gelu=True)` (cuBLASLt's GELU epilogue: the tanh form),
+  and `epilogue.matmul_bias_gelu` (erf form).
+
+    python gpu_jobs/int8_gemv.py --out DIR     # GPU: table on stdout, DIR/ch05_int8_gemv.csv
+    python gpu_jobs/int8_gemv.py --smoke       # CPU lane: the checks at small fp16 shapes, no timing
+"""
+
+from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
+
+import argparse
+import sys
+import time
+
+import labkernels
+import torch
+
+from labkernels import timing
+from labkernels.ch05_fusion import epilogue, prologue
+from labkernels.lane import on_gpu
+from labkernels.results import record
+
+SHAPES = ((4096, 4096), (4096, 14336))  # (K, N)
+MS = (1, 16)
+TOL = 2e-2  # relative max error against fp64: bf16 outputs, fp32 sums
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def timed(row: dict, fn, timed_: bool, base: dict | None) -> dict:
+    if timed_:
+        row["us_graph"] = 1e3 * timing.graph_ms(fn)
+        row["us_plain"] = 1e3 * timing.time_ms(fn)
+        if base is not None:
+            row["vs_cublas_graph"] = base["us_graph"] / row["us_graph"]
+            row["vs_cublas_plain"] = base["us_plain"] / row["us_plain"]
+    return row
+
+
+def int8_rows(m: int, k: int, n: int, dtype, device, timed_: bool) -> list[dict]:
+    a = torch.randn(m, k, device=device).to(dtype)
+    w_int8, scale = prologue.quantize(torch.randn(k, n, device=device).to(dtype))
+    w16 = prologue.dequantize(w_int8, scale)
+    ref = prologue.reference(a, w_int8, scale)
+    config = prologue._gemv_config(  # the tuned config (tuning timed every candidate: printed below)
+        a, w_int8, scale, torch.empty(m, n, device=device, dtype=dtype),
+        torch.empty(prologue._max_splits(n, k, device), m, n, device=device), "tf32",
+    )  # fmt: skip
+    if timed_:
+        for cfg in prologue.GEMV_GPU_CONFIGS:
+            t = timing.graph_ms(lambda cfg=cfg: prologue.int8_gemv(a, w_int8, scale, config=cfg))
+            print(f"  tuner candidate {cfg}: {t * 1e3:.2f} us (graph)", flush=True)
+    impls = {
+        "cublas bf16 weights": lambda: a @ w16,
+        "int8_gemv": lambda: prologue.int8_gemv(a, w_int8, scale, config=config),
+        "int8_gemv plain cast": lambda: prologue.int8_gemv(a, w_int8, scale, config=config, magic=False),
+        "int8_matmul fused": lambda: prologue.int8_matmul(a, w_int8, scale, path="fused"),
+    }
+    rows, base = [], None
+    weight_bytes = {"cublas bf16 weights": 2 * k * n}
+    for impl, fn in impls.items():
+        row = {"kind": "int8", "shape": f"{m}x{n}x{k}", "dtype": str(dtype)[6:], "M": m, "impl": impl,
+               "config": "x".join(map(str, config)) if impl.startswith("int8_gemv") else ""}  # fmt: skip
+        err = rel_err(fn(), ref)
+        row |= {"err": err, "ok": "ok" if err <= TOL else "FAIL"}
+        row = timed(row, fn, timed_, base)
+        if timed_:
+            row["weight_gbps_graph"] = weight_bytes.get(impl, k * n) / (row["us_graph"] * 1e3)
+        base = base or row
+        rows.append(row)
+        print(
+            "  ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in row.items()),
+            flush=True,
+        )
+    return rows
+
+
+def epilogue_rows(size: int, dtype, device, timed_: bool) -> list[dict]:
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    bias = torch.randn(size, device=device).to(dtype)
+    exact = epilogue.reference(a, b, bias)
+    tanh_form = torch.nn.functional.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")
+    impls = {
+        "eager": (lambda: epilogue.eager(a, b, bias), exact),
+        "cublas, no epilogue": (lambda: a @ b, a.double() @ b.double()),
+        "cublasLt _addmm_activation gelu": (
+            lambda: torch._addmm_activation(bias, a, b, use_gelu=True),
+            tanh_form,
+        ),
+        "labkernels matmul_bias_gelu": (lambda: epilogue.matmul_bias_gelu(a, b, bias), exact),
+    }
+    rows, base = [], None
+    for impl, (fn, ref) in impls.items():
+        row = {"kind": "epilogue", "shape": f"{size}x{size}x{size}", "dtype": str(dtype)[6:], "M": size,
+               "impl": impl, "config": ""}  # fmt: skip
+        err = rel_err(fn(), ref)
+        row |= {"err": err, "ok": "ok" if err <= TOL else "FAIL"}
+        row = timed(row, fn, timed_, base)
+        base = base or row
+        rows.append(row)
+        print(
+            "  ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in row.items()),
+            flush=True,
+        )
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="")
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args()
+    start = time.perf_counter()
+    rows = []
+    if args.smoke:  # the interpreter: fp16 (bf16 is wrong there), small odd shapes, no timing
+        for m in MS:
+            rows += int8_rows(m, 200, 72, torch.float16, "cpu", timed_=False)
+    else:
+        if not on_gpu():
+            raise SystemExit("int8_gemv.py: needs a GPU (or --smoke)")
+        for k, n in SHAPES:
+            for m in MS:
+                rows += int8_rows(m, k, n, torch.bfloat16, labkernels.DEVICE, timed_=True)
+                if args.out:  # after each case: a hard stop keeps the rows done
+                    record("ch05_int8_gemv", rows, args.out, replace=True)
+        rows += epilogue_rows(4096, torch.bfloat16, labkernels.DEVICE, timed_=True)
+    if args.out:
+        print(record("ch05_int8_gemv", rows, args.out, replace=True))
+    bad = [r for r in rows if r["ok"] != "ok"]
+    print(f"{len(rows)} rows, {len(bad)} failed, {time.perf_counter() - start:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
