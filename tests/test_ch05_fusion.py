@@ -375,6 +375,21 @@ def test_int8_gemv_strided_weights_and_bad_inputs():
         prologue.int8_gemv(a.clone().requires_grad_(), w_int8, scale)
 
 
+def test_int8_gemv_given_config_that_splits_more_than_the_tuned_ones():
+    """A config's own K slices size the partials: sized for the tuned configs, a config that cut K into
+    more slices wrote past them (the interpreter's heap broke; on the GPU, memory after them)."""
+    a = _randn(3, 640)
+    w_int8, scale = prologue.quantize(_randn(640, 45))
+    config = (16, 16, 4, 1, 64)  # 40 K steps, 3 column tiles: as many slices as K steps
+    splits, _ = prologue.gemv_splits(45, 640, 16, 16, 64, prologue.sm_count(a.device))
+    assert splits > prologue._max_splits(45, 640, a.device)
+    got = prologue.int8_gemv(a, w_int8, scale, config=config)
+    _gemv_bound(got, prologue.reference(a, w_int8, scale), torch.float32)
+    for bad in ((16, 16, 4, 1), (16, 24, 4, 1, 2), (16, 16, 0, 1, 2), [16, 16, 4, 0, 2], (16.0, 16, 4, 1, 2)):
+        with pytest.raises(ValueError, match="config"):
+            prologue.int8_gemv(a, w_int8, scale, config=bad)
+
+
 @cpu_lane
 def test_dequantize_refuses_bfloat16_on_the_cpu_lane():
     """The interpreter computes bfloat16 wrongly: dequantize returned wrong weights instead of an error."""

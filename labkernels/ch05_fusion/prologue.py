@@ -457,6 +457,22 @@ def _gemv_key(a, w_int8, scale, input_precision, config, magic) -> tuple:
     return (*key, torch.is_grad_enabled(), type(input_precision), input_precision, config, type(magic), magic)
 
 
+def _check_gemv_config(config) -> tuple:
+    """(BLOCK_N, BLOCK_K, warps, stages, programs per SM) as given, or a clear error: blocks are powers of two
+    of at least 16 (tl.dot's least), warps a power of two, stages and programs per SM counts."""
+    names = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "programs per SM")
+    if not isinstance(config, (tuple, list)) or len(config) != 5 or not all(type(c) is int for c in config):
+        raise ValueError(f"int8_gemv: config must be 5 ints {names}, got {config!r}")
+    block_n, block_k, warps, stages, per_sm = config
+    for name, value in zip(names[:3], (block_n, block_k, warps), strict=True):
+        least = 1 if name == "num_warps" else 16
+        if value < least or value & (value - 1):
+            raise ValueError(f"int8_gemv: config's {name} must be a power of two >= {least}, got {value}")
+    if stages < 1 or per_sm < 0:
+        raise ValueError(f"int8_gemv: config needs num_stages >= 1 and programs per SM >= 0, got {config!r}")
+    return tuple(config)
+
+
 def int8_gemv(
     a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *, input_precision: str = "ieee", config=None,
     magic: bool = True,
@@ -486,8 +502,13 @@ def int8_gemv(
     contiguous_scale = scale.contiguous()
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
     out = torch.empty((M, N), device=a.device, dtype=a.dtype)
-    partials = torch.empty((_max_splits(N, K, a.device), M, N), device=a.device, dtype=torch.float32)
-    chosen = config or _gemv_config(a, w_int8, contiguous_scale, out, partials, precision)
+    if config is None:  # partials for the most slices any tuned config cuts K into
+        partials = torch.empty((_max_splits(N, K, a.device), M, N), device=a.device, dtype=torch.float32)
+        chosen = _gemv_config(a, w_int8, contiguous_scale, out, partials, precision)
+    else:  # partials for this config's slices: no launch writes past them
+        chosen = _check_gemv_config(config)
+        splits = gemv_splits(N, K, chosen[0], chosen[1], chosen[4], sm_count(a.device))[0]
+        partials = torch.empty((splits, M, N), device=a.device, dtype=torch.float32)
     splits, launcher = _gemv_launch(a, w_int8, contiguous_scale, out, partials, precision, chosen, magic)
     if key is not None:
         _gemv_known[key] = (splits, launcher, scale.is_contiguous())
