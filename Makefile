@@ -55,6 +55,9 @@ $(VENV)/.installed: pyproject.toml $(TORCH_ARGS_CHANGED)
 	$(VPY) -m pip uninstall -y -q rfc3987-syntax
 	@printf '%s' "$(strip $(TORCH_PIP_ARGS))" > $(TORCH_ARGS_FILE)
 	touch $@
+	@# The venv as installed is grading's known-good state: a file a submission adds or rewrites in it later
+	@# refuses grading (labkernels.grading.classroom.VenvManifest), not just after a first grading recorded it.
+	$(VPY) -m labkernels grade --record-manifest
 
 venv: $(VENV)/.installed
 

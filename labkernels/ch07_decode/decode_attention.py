@@ -95,7 +95,7 @@ def _decode_split_kernel(
     kv_heads, cache_len, keys_per_split, table_pages, pool_blocks, qk_scale,
     GROUP: tl.constexpr, N_TOKENS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr,
-    SLOTS: tl.constexpr, TILE_PAGES: tl.constexpr,  # paged: a tile is TILE_PAGES blocks of SLOTS keys
+    TILE_PAGES: tl.constexpr,  # paged: blocks a tile of BLOCK_N keys spans (1 when P >= BLOCK_N)
 ):  # fmt: skip
     split = tl.program_id(0)
     pair = tl.program_id(1)  # one (sequence, KV head): all GROUP query heads that read it
@@ -126,23 +126,26 @@ def _decode_split_kernel(
         cols = start + offs_n
         col_ok = cols < hi
         if PAGED:
-            # Key `col` lives in slot col % P of block table[b, col // P]. A tile of BLOCK_N keys spans
-            # TILE_PAGES = BLOCK_N / SLOTS blocks (P a power of two: one block when P >= BLOCK_N), so it reads
-            # TILE_PAGES table entries, not one a key. A block id outside the pool (a table the caller did not
-            # validate) masks its keys: never a read outside the pool.
-            page_no = start // PAGE_SIZE + tl.arange(0, TILE_PAGES)
-            page = tl.load(table_ptr + b * stride_tb + page_no, mask=page_no < table_pages, other=-1)
-            page_ok = (page >= 0) & (page < pool_blocks)
-            slot = start % PAGE_SIZE + tl.arange(0, SLOTS)
-            k_rows = tl.reshape(
-                page.to(tl.int64)[:, None] * stride_kb + slot[None, :] * stride_kn, (BLOCK_N,)
-            )
-            v_rows = tl.reshape(
-                page.to(tl.int64)[:, None] * stride_vb + slot[None, :] * stride_vn, (BLOCK_N,)
-            )
-            k_rows += kvh * stride_kh
-            v_rows += kvh * stride_vh
-            col_ok = col_ok & tl.reshape(page_ok[:, None] & (slot[None, :] < PAGE_SIZE), (BLOCK_N,))
+            # Key `col` lives in slot col % P of block table[b, col // P]. A block id outside the pool (a
+            # table the caller did not validate) masks its keys: never a read outside the pool.
+            if TILE_PAGES == 1:  # P >= BLOCK_N: the tile sits in one block; one table entry, one base address
+                page_no = start // PAGE_SIZE
+                page = tl.load(table_ptr + b * stride_tb + page_no, mask=page_no < table_pages, other=-1)
+                page_ok = (page >= 0) & (page < pool_blocks)
+                slot = start % PAGE_SIZE + offs_n
+                k_rows = page.to(tl.int64) * stride_kb + kvh * stride_kh + slot * stride_kn
+                v_rows = page.to(tl.int64) * stride_vb + kvh * stride_vh + slot * stride_vn
+                col_ok = col_ok & page_ok
+            else:  # P < BLOCK_N: BLOCK_N / P blocks a tile; each key reads its entry (the same few, cached)
+                page_no = cols // PAGE_SIZE
+                page = tl.load(
+                    table_ptr + b * stride_tb + page_no, mask=col_ok & (page_no < table_pages), other=-1
+                )
+                page_ok = (page >= 0) & (page < pool_blocks)
+                slot = cols % PAGE_SIZE
+                k_rows = page.to(tl.int64) * stride_kb + kvh * stride_kh + slot * stride_kn
+                v_rows = page.to(tl.int64) * stride_vb + kvh * stride_vh + slot * stride_vn
+                col_ok = col_ok & page_ok
         else:
             k_rows = b * stride_kb + kvh * stride_kh + cols.to(tl.int64) * stride_kn
             v_rows = b * stride_vb + kvh * stride_vh + cols.to(tl.int64) * stride_vn
@@ -275,7 +278,7 @@ def launch(
         kv_heads, k.shape[2], keys_per_split,
         block_table.shape[1] if paged else 0, k.shape[0], sm_scale * LOG2E,
         GROUP=group, N_TOKENS=n_tokens, ROWS=rows, HEAD_DIM=head_dim, BLOCK_N=block_n,
-        PAGED=paged, PAGE_SIZE=page_size, SPLIT=splits > 1, SLOTS=min(block_n, page_size),
+        PAGED=paged, PAGE_SIZE=page_size, SPLIT=splits > 1,
         TILE_PAGES=max(1, block_n // page_size), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
