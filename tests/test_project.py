@@ -42,7 +42,7 @@ def test_every_ignored_cell_says_why():
     so to the reader, with the reason: `# NBVAL_IGNORE_OUTPUT — <reason>`. Neither goes without the other."""
     import nbformat
 
-    for folder in ("notebooks", "solutions"):
+    for folder in ("notebooks", "notebooks/appendix", "solutions"):
         for path in (ROOT / folder).glob("*.ipynb"):
             for cell in nbformat.read(path, as_version=4).cells:
                 if cell.cell_type != "code":

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted(
+    (ROOT / "notebooks/appendix").glob("*.ipynb")
+)
 
 NUMBER = r"(\d{1,3}(?:[,\u202f\u2009]\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
 KINDS = {
@@ -154,7 +156,7 @@ def test_the_prose_check_can_fail(tmp_path):
     assert "99_selftest.ipynb, markdown cell 0 (id a): the ratio '1.69×'" in problems[0]
 
 
-CELL_FOLDERS = ("notebooks", "solutions", "exercises")
+CELL_FOLDERS = ("notebooks", "notebooks/appendix", "solutions", "exercises")
 
 
 @pytest.mark.parametrize(
@@ -173,3 +175,23 @@ def test_every_cell_has_a_unique_id(path):
     assert not missing, f"{where}: cells {missing} have no id (nbformat.validator.normalize adds them)"
     ids = [c["id"] for c in raw["cells"]]
     assert len(set(ids)) == len(ids), f"{where}: repeated cell ids"
+
+
+MAIN_NOTEBOOK_MARKDOWN = 15_000  # characters: a chapter is a lesson; deep dives go to notebooks/appendix/
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_a_chapter_is_a_lesson_not_a_lab_log(path):
+    cells = json.loads(path.read_text())["cells"]
+    size = sum(len("".join(c["source"])) for c in cells if c["cell_type"] == "markdown")
+    assert size <= MAIN_NOTEBOOK_MARKDOWN, f"{path.name}: {size} characters of markdown; move deep dives out"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks/appendix").glob("*.ipynb")), ids=lambda p: p.name)
+def test_an_appendix_opens_with_a_summary_and_is_linked_from_its_chapter(path):
+    first = json.loads(path.read_text())["cells"][0]
+    summary = "".join(first["source"]) if first["cell_type"] == "markdown" else ""
+    assert len(summary) > 200, f"{path.name}: does not open with a summary"
+    chapters = list((ROOT / "notebooks").glob(f"{path.name[:2]}_*.ipynb"))
+    assert chapters, f"{path.name}: no chapter {path.name[:2]} notebook"
+    assert f"appendix/{path.name}" in chapters[0].read_text(), f"{chapters[0].name} does not link {path.name}"
