@@ -56,6 +56,8 @@ def _grade(args) -> int:
     from labkernels.grading.notebooks import grade_folder, score_table
     from labkernels.grading.remote import PACKAGE_ROOT
 
+    if args.merge:
+        return _merge(args)
     if args.record_manifest:
         VenvManifest().record()
         print(f"recorded the venv's known-good state: {VenvManifest().path}")
@@ -112,9 +114,30 @@ def _grade(args) -> int:
     return _expectation(args, reports)
 
 
-def _grade_class(args, nb_timeout: float | None) -> int:
-    from labkernels.grading.classroom import GraderChanged, RefusedOutput, grade_class, summary
+def _merge(args) -> int:
+    from labkernels.grading.classroom import RefusedOutput, merge_shards, summary
 
+    if not args.out:
+        print("make grade: --merge needs --out, the merged gradebook's new folder", file=sys.stderr)
+        return 2
+    try:
+        results = merge_shards([Path(f) for f in args.merge], Path(args.out), args.export)
+    except RefusedOutput as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 2
+    print(summary(results))
+    print(f"gradebook: {Path(args.out) / 'gradebook.csv'} (merged from {len(args.merge)} shards)")
+    return 0
+
+
+def _grade_class(args, nb_timeout: float | None) -> int:
+    from labkernels.grading.classroom import GraderChanged, RefusedOutput, grade_class, parse_shard, summary
+
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+    except ValueError as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out or "grades")
     if args.json and (problem := _check_report_path(Path(args.json), Path(args.dir))):
         print(f"make grade: {problem}", file=sys.stderr)
@@ -130,6 +153,7 @@ def _grade_class(args, nb_timeout: float | None) -> int:
             force=args.force,
             chapters=_chapters(args),
             export=args.export,
+            shard=shard,
         )
     except RefusedOutput as e:
         print(f"make grade: {e}", file=sys.stderr)
@@ -243,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--force", action="store_true", help="a class: re-grade unchanged notebooks too")
     g.add_argument("--export", choices=["nbgrader"], help="a class: also write nbgrader.csv")
     g.add_argument("--unsafe", action="store_true", help="grade without the OS sandbox (where none starts)")
+    g.add_argument("--shard", help="a class: grade shard K/N of its students (every Nth, from the Kth)")
+    g.add_argument(
+        "--merge", nargs="+", metavar="FOLDER", help="merge the --out folders of shards 1..N into --out"
+    )
     g.add_argument(
         "--record-manifest", action="store_true", help="record the venv as it is now as its known-good state"
     )

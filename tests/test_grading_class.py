@@ -179,6 +179,41 @@ def test_nbgrader_export_has_nbgraders_columns_and_a_row_per_student_and_chapter
     assert rows["dave"]["timestamp"] == "" and rows["alice"]["timestamp"] != ""
 
 
+def test_shards_graded_apart_merge_into_the_gradebook_of_one_run(graded, tmp_path):
+    """`--shard K/N` on N machines, then `--merge`: the same gradebook and long form as one run over the whole
+    class (its last run, after bob's change), and nbgrader's export of every student."""
+    tmp, out, _, _ = graded
+    shards = [tmp_path / f"shard{k}" for k in (1, 2)]
+    for k, folder in enumerate(shards, 1):
+        proc, _ = _grade(tmp / "class", folder, "--shard", f"{k}/2", "--export", "nbgrader")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads((folder / "run.json").read_text())["students"] == 2  # 4 students, 2 a shard
+    merged = tmp_path / "merged"
+    cmd = [sys.executable, "-m", "labkernels", "grade", "--merge", *map(str, shards), "--out", str(merged)]
+    proc = subprocess.run(
+        cmd + ["--export", "nbgrader"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    for name in ("gradebook.csv", "gradebook-long.csv"):
+        assert (merged / name).read_text() == (out / name).read_text(), name
+    exported = sorted(r["student_id"] for r in _rows(merged / "nbgrader.csv"))
+    assert exported == ["alice", "bob", "carol", "dave"]
+    # refused: a shard missing, a shard twice, the merge written over a shard, a split that is not K/N
+    for args, says in (
+        ([str(shards[0])], "need 1/2"),
+        ([str(shards[0]), str(shards[0])], "need 1/2"),
+        ([*map(str, shards), "--out", str(shards[1])], "inside"),
+    ):
+        out_args = [] if "--out" in args else ["--out", str(tmp_path / "refused")]
+        proc = subprocess.run(
+            [sys.executable, "-m", "labkernels", "grade", "--merge", *args, *out_args],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+    proc, _ = _grade(tmp / "class", tmp_path / "bad", "--shard", "3/2")
+    assert proc.returncode == 2 and "K/N" in proc.stderr
+
+
 def test_output_folder_inside_the_class_or_holding_other_files_is_refused(graded, tmp_path):
     tmp, _, _, _ = graded
     proc, _ = _grade(tmp / "class", tmp / "class" / "alice" / "grades")

@@ -428,9 +428,11 @@ def grade_class(
     force: bool = False,
     chapters: list[str] | None = None,
     export: str | None = None,
+    shard: tuple[int, int] | None = None,
     log=print,
 ) -> dict:
-    """Grade every student of `class_dir`; write the gradebook into `out`. Returns {student: reports}."""
+    """Grade every student of `class_dir` (or shard K of N of them, `shard=(K, N)`); write the gradebook into
+    `out`. Returns {student: reports}."""
     check_output_folder(out, class_dir)
     start = time.monotonic()
     run_deadline = None if run_timeout is None else start + run_timeout
@@ -443,7 +445,8 @@ def grade_class(
     # Unsandboxed, a run may read anything (another student's answers): what it decided is never reused.
     cacheable = isolation.enabled(PACKAGE_ROOT)
     cache = _load_cache(out) if cacheable and not force else {}
-    students = {s.name: s for s in _subfolders(class_dir)}
+    everyone = [s.name for s in _subfolders(class_dir)]
+    students = {name: class_dir / name for name in shard_of(everyone, shard)}
     plans, results, pending, used = {}, {}, [], {}
     for name, folder in students.items():  # read every notebook before any of them runs
         todo, extra = nbs.plan_submission(folder, chapters)
@@ -473,8 +476,73 @@ def grade_class(
     for key, report in new_entries.items():
         if cacheable and _cacheable(report):
             used[key] = report
-    _write_outputs(out, class_dir, results, used, export, time.monotonic() - start)
+    run = {"shard": list(shard or (1, 1)), "class_students": sorted(everyone)}
+    _write_outputs(out, class_dir, results, used, export, time.monotonic() - start, run)
     return results
+
+
+# --- a class over several machines: shards and their merge --------------------------------------------------
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """ "K/N" -> (K, N), 1 <= K <= N; anything else is refused with the form expected."""
+    k, slash, n = str(text).partition("/")
+    if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise ValueError(f"--shard {text!r}: expected K/N with 1 <= K <= N, e.g. 2/4")
+    return int(k), int(n)
+
+
+def shard_of(names: list[str], shard: tuple[int, int] | None) -> list[str]:
+    """Shard K of N: every Nth student of the sorted names, starting at the Kth. Every machine that sees the
+    same class folder splits it the same way, and the N shards hold every student exactly once."""
+    if shard is None:
+        return sorted(names)
+    k, n = shard
+    return [name for i, name in enumerate(sorted(names)) if i % n == k - 1]
+
+
+def merge_shards(folders: list[Path], out: Path, export: str | None = None) -> dict:
+    """One gradebook in `out` from the `--out` folders of shards 1..N of one class: the files one run over the
+    whole class writes. Refuses shards of different classes or splits, a shard missing or given twice, and
+    a student graded twice. Returns {student: reports}."""
+    runs = [_shard_run(f) for f in folders]
+    n = runs[0]["shard"][1]
+    got = sorted(r["shard"][0] for r in runs)
+    if any(r["shard"][1] != n for r in runs) or got != list(range(1, n + 1)):
+        raise RefusedOutput(
+            f"shards {[f'{k}/{m}' for k, m in (r['shard'] for r in runs)]}: need 1/{n} .. {n}/{n}"
+        )
+    if any(r["class_students"] != runs[0]["class_students"] for r in runs):
+        raise RefusedOutput("the shards graded different classes (their student lists differ)")
+    for folder in folders:  # never inside a shard, never around one, never over files of its own
+        check_output_folder(out, folder)
+    results, cache = {}, {}
+    for folder in folders:
+        for path in sorted((folder / "students").glob("*.json")):
+            body = json.loads(path.read_text())
+            if body["student"] in results:
+                raise RefusedOutput(f"{body['student']!r} is graded in two shards ({folder})")
+            results[body["student"]] = body["notebooks"]
+        cache |= _load_cache(folder)
+    missing = sorted(set(runs[0]["class_students"]) - set(results))
+    if missing:
+        raise RefusedOutput(f"no shard holds the grades of {missing[:5]}")
+    seconds = sum(json.loads((f / "run.json").read_text()).get("seconds", 0) for f in folders)
+    run = {"shard": [1, 1], "class_students": runs[0]["class_students"], "merged": [str(f) for f in folders]}
+    _write_outputs(out, folders[0], results, cache, export, seconds, run)
+    return results
+
+
+def _shard_run(folder: Path) -> dict:
+    try:
+        run = json.loads((folder / "run.json").read_text())
+        if (folder / MARKER).exists() and "shard" in run and "class_students" in run:
+            return run
+    except (OSError, ValueError):
+        pass
+    raise RefusedOutput(
+        f"{folder} is not the --out folder of a `grade --shard` run (no run.json with its shard)"
+    )
 
 
 def _order(reports: list[dict]) -> list[dict]:
@@ -699,7 +767,9 @@ def _stamp(results: dict) -> None:
                 rep["timestamp"] = datetime.fromtimestamp(mtime, timezone.utc).isoformat(sep=" ")
 
 
-def _write_outputs(out: Path, class_dir: Path, results: dict, cache: dict, export, seconds: float) -> None:
+def _write_outputs(
+    out: Path, class_dir: Path, results: dict, cache: dict, export, seconds: float, run: dict
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _write(out / MARKER, f"written by `python -m labkernels grade {class_dir}`\n")
     _stamp(results)
@@ -718,7 +788,7 @@ def _write_outputs(out: Path, class_dir: Path, results: dict, cache: dict, expor
     drop = ("answers", "cached", "timestamp")
     clean = {k: {x: y for x, y in v.items() if x not in drop} for k, v in cache.items()}
     _write(out / CACHE, json.dumps(clean))
-    _write(out / "run.json", json.dumps({"students": len(results), "seconds": round(seconds, 1)}))
+    _write(out / "run.json", json.dumps({"students": len(results), "seconds": round(seconds, 1)} | run))
 
 
 def _safe(name: str) -> str:
