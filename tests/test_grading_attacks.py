@@ -28,6 +28,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 from attacks import answers as A  # noqa: E402
 from attacks import notebooks as N  # noqa: E402
+from attacks import weak_cases as W  # noqa: E402
 from once import once_per_run  # noqa: E402
 
 
@@ -100,6 +101,51 @@ def test_grouped_order_needs_ints_and_cannot_import_the_graders_reference():
 def test_cpp_exercises_refuse_torch_ops_and_python_kernels():
     _zero("1.1", A.clamp_scale_with_at_clamp, "aten::clamp")
     _zero("1.3", A.register_relu_sq_in_python, "registered from Python")
+
+
+# --- issue 42: weak cases ----------------------------------------------------------------------------------
+
+
+def _every_case_zero(ex_id: str, answer, reasons: tuple[str, ...]) -> dict:
+    """Grade `answer` (a code bundle or plain data): no case earns a point, and each failed case says why in
+    one of `reasons`."""
+    ex = get(ex_id)
+    payload = answer if isinstance(answer, dict) else sandbox.bundle(answer)
+    rec = make_record(
+        ex, False, sandbox.run(ex, payload, speed=False, timeout_s=ex.timeout_s), labkernels.LANE
+    )
+    text = format_record(rec)
+    graded = [c for c in rec["cases"] if c["status"] != "skip"]
+    assert rec["earned"] == 0 and graded, text
+    assert all(c["status"] == "fail" and any(r in c["reason"] for r in reasons) for c in graded), text
+    return rec
+
+
+@pytest.mark.parametrize(
+    "name, reasons",
+    [
+        # uninitialised memory: wrong, or NaN where a value belongs
+        ("CLAMP_SCALE_GARBAGE", ("wrong values", "never written")),
+        ("CLAMP_SCALE_ZEROES_INPUT", ("changed its input",)),
+    ],
+)
+def test_an_op_that_only_checks_its_inputs_earns_neither_builds_nor_rejects(name, reasons):
+    """Scored 3/6 at cf01c80: "builds" and "rejects bad input" counted without a right value."""
+    _every_case_zero("1.1", getattr(W, name), reasons)
+
+
+@pytest.mark.parametrize("answer", [W.WILL_REBUILD_ALWAYS, W.WILL_REBUILD_NEVER], ids=["True", "False"])
+def test_the_same_rebuild_prediction_for_every_edit_earns_nothing(answer):
+    """A constant True scored 1/4 at cf01c80 (the header in a new process rebuilds)."""
+    _every_case_zero("1.2", answer, ("wrong prediction for",))
+
+
+@pytest.mark.parametrize("name", list(W.settings_constants()))
+def test_constant_settings_earn_nothing(name):
+    """Constant settings scored 3/3 at cf01c80: IEEE float32 meets every tolerance."""
+    _every_case_zero(
+        "4.4", W.settings_constants()[name], ("relative error", "on the H200", "cudnn_benchmark=")
+    )
 
 
 def test_timed_repetitions_get_fresh_inputs_so_a_memo_fails():

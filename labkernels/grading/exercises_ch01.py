@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from labkernels.ch01_jit import diagnostics
-from labkernels.ch01_jit.rebuild import CHAPTER_EDITS, PROCESSES, measure_rebuilds, rebuild_facts, scenarios
+from labkernels.ch01_jit.rebuild import CHAPTER_EDITS, measure_rebuilds, rebuild_facts, scenarios
 from labkernels.grading.core import CaseFailed, exercise
 
 CPU = torch.device("cpu")
@@ -55,19 +55,14 @@ def _expect_raises(g, fn, what: str) -> None:
 @exercise("1.1", "A dtype-generic C++ op that checks its inputs", points=6, timeout_s=300, requires="cpp")
 def _grade_1_1(student, g):
     module = None
-    with g.case("the source builds and defines clamp_scale", points=1):
-        source = _source(student)
-        # Built and run in the worker (the learner's C++ never runs in the grading process); a compile error
-        # comes back as the compiler's first error and its line.
-        module = student.build_inline("ex1_1", source, functions=["clamp_scale"])
 
-    def one(shape, dtype):
+    def one(shape, dtype, x=None):
         if module is None:
             raise CaseFailed("the source did not build")
         lo = -g.randint(1, 20) / 10
         hi = g.randint(1, 20) / 10
         scale = g.randint(-30, 30) / 7
-        x = (g.randn(*shape, device=CPU) * 2).to(dtype)
+        x = (g.randn(*shape, device=CPU) * 2).to(dtype) if x is None else x
         out = module.clamp_scale(x, lo, hi, scale)
         if not isinstance(out, torch.Tensor):
             raise CaseFailed(f"clamp_scale must return a tensor, got {type(out).__name__}")
@@ -76,6 +71,14 @@ def _grade_1_1(student, g):
         atol, rtol = TOL[dtype]
         g.check_close(out, clamp_scale_reference(x, lo, hi, scale), atol=atol, rtol=rtol)
 
+    # Every case's points need right values: an op that only checks its inputs (or returns garbage) earns
+    # neither "builds" nor "rejects bad input".
+    with g.case("the source builds, defines clamp_scale and computes it (small float32 x)", points=1):
+        source = _source(student)
+        # Built and run in the worker (the learner's C++ never runs in the grading process); a compile error
+        # comes back as the compiler's first error and its line.
+        module = student.build_inline("ex1_1", source, functions=["clamp_scale"])
+        one((_odd(g, 10, 100),), torch.float32)
     with g.case("float32 at a size that is a multiple of nothing", points=1):
         one((_odd(g, 1000, 200_000),), torch.float32)
     with g.case("float64, float16 and bfloat16", points=1):
@@ -85,13 +88,21 @@ def _grade_1_1(student, g):
         one((0,), torch.float32)
         one((1,), torch.float32)
         one((g.randint(2, 40), _odd(g, 10, 300)), torch.float32)
-    with g.case("rejects bad input with an error: int tensor, non-contiguous tensor, lo > hi", points=2):
+    with g.case(
+        "rejects bad input with an error (int tensor, non-contiguous tensor, lo > hi), and computes the same "
+        "input made valid",
+        points=2,
+    ):
         if module is None:
             raise CaseFailed("the source did not build")
         n = _odd(g, 100, 1000)
-        ints = torch.randint(-5, 5, (n,), dtype=torch.int32)
-        _expect_raises(g, lambda: module.clamp_scale(ints, -1.0, 1.0, 2.0), "an int32 tensor")
+        ints = torch.randint(-5, 5, (n,), dtype=torch.int32, generator=g.generator)
         wide = g.randn(g.randint(3, 30), _odd(g, 20, 200), device=CPU)
+        # Each bad input's valid twin first: rejecting everything is not checking.
+        one(None, torch.float32, x=ints.float())
+        one(None, torch.float32, x=wide.t().contiguous())
+        one(None, torch.float32, x=wide[:, ::2].contiguous())
+        _expect_raises(g, lambda: module.clamp_scale(ints, -1.0, 1.0, 2.0), "an int32 tensor")
         _expect_raises(
             g, lambda: module.clamp_scale(wide.t(), -1.0, 1.0, 2.0), "a transposed (non-contiguous) x"
         )
@@ -145,14 +156,13 @@ def _grade_1_2(student, g):
                 wrong.append(f"{key[0]}, {EDIT_NAMES[key[1]]}, {key[2]} process")
         g.expect(not wrong, "wrong prediction for: " + "; ".join(wrong))
 
-    # The chapter measured these edits in front of you: 2 points. The header, which it did not: 1 point for
-    # each process, where only the mechanism (whose hash, which file times) gives the answer.
+    # The chapter measured these edits in front of you: 2 points. The header, which it did not: 2 points,
+    # where only the mechanism (whose hash, which file times) gives the answer. Each case holds edits that
+    # rebuild and edits that do not: an answer that says the same for every edit earns nothing from either.
     with g.case("the edits the chapter measured, both APIs, both processes", points=2):
-        judge([k for k in scenarios(CHAPTER_EDITS)])
-    for process in PROCESSES:
-        where = "the same process" if process == "same" else "a new process"
-        with g.case(f"load: the header its source includes edited, then called again in {where}", points=1):
-            judge([k for k in scenarios() if k[1] == "header" and k[2] == process])
+        judge(scenarios(CHAPTER_EDITS))
+    with g.case("load: the header its source includes edited, then called again in both processes", points=2):
+        judge([k for k in scenarios() if k[1] == "header"])
 
 
 def relu_sq_reference(x: torch.Tensor) -> torch.Tensor:
