@@ -392,3 +392,15 @@ def test_forked_workers_start_as_fresh_ones_would_and_a_killed_zygote_is_replace
     assert after[4] != os.getpid() and Path(after[0]).name.startswith("labkernels-worker-")  # ... fine
     if zygote != 1:  # not sandboxed (where the zygote is PID 1 of its namespace, which no member can kill)
         assert Path(after[0]).parent != area, "the next worker forks from a new zygote"
+
+
+def test_check_without_grading_cases_says_why(monkeypatch):
+    """The class bundle leaves the grading cases out: `check` there says so instead of 'known: none'."""
+    from labkernels.grading import registry
+
+    monkeypatch.setattr(registry, "discover", lambda: {})
+    with pytest.raises(KeyError, match="holds no grading cases"):
+        registry.get("3.1")
+    monkeypatch.setattr(registry, "discover", lambda: {"3.2": object()})
+    with pytest.raises(KeyError, match="no exercise '3.1'; known: 3.2"):
+        registry.get("3.1")

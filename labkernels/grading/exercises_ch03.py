@@ -1,6 +1,7 @@
-"""Chapter 03 exercises: a fused add+relu kernel, a row softmax for any row length, a tiled matmul's K loop,
-the grouped program order that keeps its tiles in L2, and reading an Nsight Compute table (the occupancy
-limiter; memory-, compute- or latency-bound), checked on the H200's shipped profiles and on random rows.
+"""Chapter 03 exercises: a fused bias + ReLU kernel over a matrix's rows, a row softmax for any row length, a
+tiled matmul's K loop, the grouped program order that keeps its tiles in L2, and reading an Nsight Compute
+table (the occupancy limiter; memory-, compute- or latency-bound), checked on the H200's shipped profiles and
+on random rows.
 
 Sizes come from `labkernels.size`: small on the CPU lane (the interpreter costs ~1-2 ms per program), large on
 the GPU. Every size is drawn at grading time and is deliberately not a multiple of any power of two.
@@ -13,7 +14,6 @@ import math
 import torch
 
 from labkernels import size, traffic
-from labkernels.ch03_triton import add_relu as add_relu_mod
 from labkernels.ch03_triton import matmul as matmul_mod
 from labkernels.ch03_triton import softmax as softmax_mod
 from labkernels.grading.core import exercise
@@ -25,33 +25,65 @@ def _odd(g, low: int, high: int) -> int:
     return n if n % 16 else n + 7
 
 
-@exercise("3.1", "Fused add+relu kernel", points=4, speed_points=2, timeout_s=120, requires="triton")
-def _grade_3_1(student, g):
-    def one(shape, dtype):
-        x, y = g.randn(*shape, dtype=dtype), g.randn(*shape, dtype=dtype)
-        out = g.guarded_empty(shape, dtype)  # NaN inside, canaries around it
-        student(x, y, out)
-        g.check_close(out, add_relu_mod.reference(x, y), atol=1e-6, rtol=1e-6)
+def _bias_relu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """relu(x + bias) in float64, bias added to every row; NaN stays NaN (as torch.relu)."""
+    return torch.relu(x.double() + bias.double())
 
-    with g.case("a size that is not a multiple of the block", points=1):
-        one((_odd(g, *size(cpu=(3000, 60_000), gpu=(1_000_000, 30_000_000))),), torch.float32)
-    with g.case("a size smaller than one block", points=1):
-        one((_odd(g, 1, 100),), torch.float32)
+
+def _bias_relu_bytes(rows: int, cols: int, dtype: torch.dtype) -> traffic.Traffic:
+    """Read x (rows x cols) and the bias once, write out (the bias's rereads hit the cache, not HBM)."""
+    e = traffic.element_size(dtype)
+    return traffic.Traffic("bias_relu", (2 * rows * cols + cols) * e, 2 * rows * cols)
+
+
+def _matrix(g, rows: int, cols: int, dtype, row_stride: int | None = None) -> torch.Tensor:
+    """A (rows, cols) matrix; with `row_stride`, the left columns of a wider one (rows row_stride apart)."""
+    if row_stride is None:
+        return g.randn(rows, cols, dtype=dtype)
+    return g.randn(rows, row_stride, dtype=dtype)[:, :cols]
+
+
+@exercise("3.1", "Fused bias + ReLU over the rows of a matrix", points=4, speed_points=2, timeout_s=120,
+          requires="triton")  # fmt: skip
+def _grade_3_1(student, g):
+    def one(x, bias, nan_ok=False):
+        out = g.guarded_empty(tuple(x.shape), x.dtype)  # NaN inside, canaries around it
+        student(x, bias, out)
+        expected = _bias_relu_reference(x, bias)
+        if nan_ok:  # NaN where x held NaN, nowhere else; then the other values
+            wrong = int((torch.isnan(out.cpu()) != torch.isnan(expected.cpu())).sum())
+            g.expect(wrong == 0, f"{wrong} elements are NaN where relu(x + bias) is not, or the reverse")
+            out, expected = out.nan_to_num(0.0), expected.nan_to_num(0.0)
+        tol = 1e-6 if x.dtype == torch.float32 else 1e-3
+        g.check_close(out, expected.to(x.dtype), atol=tol, rtol=tol)
+
+    rows, cols = size(cpu=(3, 40), gpu=(200, 3000)), size(cpu=(100, 900), gpu=(1000, 9000))
+    with g.case("rows whose length is not a multiple of the block", points=1):
+        x = _matrix(g, g.randint(*rows), _odd(g, *cols), torch.float32)
+        one(x, g.randn(x.shape[1]))
+    with g.case("a matrix smaller than one block: one row, a few columns", points=1):
+        x = _matrix(g, 1, _odd(g, 1, 30), torch.float32)
+        one(x, g.randn(x.shape[1]))
     with g.case("float16 inputs", points=1):
-        one((_odd(g, *size(cpu=(3000, 30_000), gpu=(100_000, 5_000_000))),), torch.float16)
-    with g.case("a 2-D tensor (the kernel sees flat memory)", points=1):
-        one((g.randint(3, 60), _odd(g, 100, 700)), torch.float32)
-    with g.case("bandwidth >= 70% of copy at 2^26 float32", points=2, gpu_only=True):
-        n = 1 << 26
-        x, y = g.randn(n), g.randn(n)
-        out = g.guarded_empty((n,), torch.float32)
-        student(x, y, out)
-        g.check_close(out, add_relu_mod.reference(x, y), atol=1e-6, rtol=1e-6)
+        x = _matrix(g, g.randint(*rows), _odd(g, *cols), torch.float16)
+        one(x, g.randn(x.shape[1], dtype=torch.float16))
+    with g.case("rows a stride apart (a slice of a wider matrix), NaN kept as NaN", points=1):
+        n_cols = _odd(g, *cols)
+        x = _matrix(g, g.randint(*rows), n_cols, torch.float32, row_stride=n_cols + g.randint(1, 64))
+        x[g.randint(0, x.shape[0] - 1), g.randint(0, n_cols - 1)] = float("nan")
+        one(x, g.randn(n_cols), nan_ok=True)
+    with g.case("bandwidth >= 70% of copy at 8192 x 8192 float32", points=2, gpu_only=True):
+        x, bias = g.randn(8192, 8192), g.randn(8192)
+        out = g.guarded_empty((8192, 8192), torch.float32)
+        student(x, bias, out)
+        g.check_close(out, _bias_relu_reference(x, bias).float(), atol=1e-6, rtol=1e-6)
         g.expect_bandwidth(
-            lambda: student(x, y, out),
-            traffic.add_relu(n, torch.float32),
+            lambda: student(x, bias, out),
+            _bias_relu_bytes(8192, 8192, torch.float32),
             fraction=0.7,
-            check=lambda x, y, out: g.check_close(out, add_relu_mod.reference(x, y), atol=1e-6, rtol=1e-6),
+            check=lambda x, bias, out: g.check_close(
+                out, _bias_relu_reference(x, bias).float(), atol=1e-6, rtol=1e-6
+            ),
         )
 
 

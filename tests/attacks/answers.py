@@ -88,44 +88,44 @@ def hard_exit_zero(x, out):
 # --- chapter 03 ---------------------------------------------------------------------------------------------
 
 
-def add_relu_zero_everything(x, y, out):
-    """Zeroes the inputs and the output: a reference computed afterwards from x, y is zero too."""
+def add_relu_zero_everything(x, bias, out):
+    """Zeroes the inputs and the output: a reference computed afterwards from x and the bias is zero too."""
     x.zero_()
-    y.zero_()
+    bias.zero_()
     out.zero_()
 
 
-def add_relu_set_out(x, y, out):
+def add_relu_set_out(x, bias, out):
     """Points `out` at a fresh tensor: the poisoned buffer is never written."""
-    out.set_(x.add(y).clamp_(min=0))
+    out.set_(x.add(bias).clamp_(min=0))
 
 
-def add_relu_set_input(x, y, out):
-    """Points x at out's storage, and zeroes y and out: relu(x + y) of the aliased inputs is 0."""
-    y.zero_()
+def add_relu_set_input(x, bias, out):
+    """Points x at out's storage, and zeroes the bias and out: relu(x + bias) of the aliased inputs is 0."""
+    bias.zero_()
     out.zero_()
     x.set_(out.untyped_storage(), out.storage_offset(), out.shape, out.stride())
 
 
-def add_relu_torch_ops(x, y, out):
+def add_relu_torch_ops(x, bias, out):
     """No kernel: plain torch ops."""
     import torch
 
-    torch.add(x, y, out=out).relu_()
+    torch.add(x, bias, out=out).relu_()
 
 
-def add_relu_course_kernel(x, y, out):
-    """No kernel of its own: the course's add_relu from labkernels."""
+def add_relu_course_kernel(x, bias, out):
+    """No kernel of its own: the course's add_relu from labkernels, over x and the bias copied to every row."""
     from labkernels.ch03_triton.add_relu import _add_relu
 
-    _add_relu(x, y, out, 1024, 4)
+    _add_relu(x.contiguous(), bias.expand_as(x).contiguous(), out, 1024, 4)
 
 
-def add_relu_grader_reference(x, y, out):
-    """No kernel: the grader's own reference helper."""
+def add_relu_grader_reference(x, bias, out):
+    """No kernel: the course's add+relu reference."""
     from labkernels.ch03_triton.add_relu import reference
 
-    out.copy_(reference(x, y))
+    out.copy_(reference(x, bias))
 
 
 def grouped_order_floats(pid, num_pid_m, num_pid_n, group_size_m):

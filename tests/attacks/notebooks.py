@@ -9,7 +9,7 @@ import nbformat
 LEFTOVER = "labkernels-attack-leftover"  # in the command line of the leftover attack's process
 HEAD = "import labkernels  # noqa: F401\nfrom labkernels.grading import check, check_speed\n"
 
-STUB_3_1 = "def add_relu(x, y, out):\n    raise NotImplementedError\n"
+STUB_3_1 = "def bias_relu(x, bias, out):\n    raise NotImplementedError\n"
 
 NOTEBOOKS = {
     # 1. Appends 1000-point records to the log the grader reads (its path is in the kernel's environment).
@@ -40,7 +40,7 @@ NOTEBOOKS = {
         "os.environ['LABKERNELS_EXTRA_EXERCISES'] = 'evil_exercises'\n"
         "os.environ['LABKERNELS_LANE'] = 'cpu'  # on a GPU machine: speed cases would be skipped\n",
         STUB_3_1,
-        "check('3.1', add_relu)",
+        "check('3.1', bias_relu)",
     ],
     # 8. A detached process (new session, double fork) outlives the grading; its command line carries LEFTOVER
     # (a sandboxed one cannot write a file the test could read, nor has a pid the test could name).
