@@ -346,7 +346,7 @@ def dq_by_torch(q, k, v, do, lse, delta, dq, causal):
         ("6.1", combine_without_guard, "empty splits"),
         ("6.2", bytes_ignoring_causal, "causal"),
         ("6.3", blocks_aligned_top_left, "more keys than queries"),
-        ("6.4", dq_by_torch, "odd N"),
+        ("6.4", dq_by_torch, "n_q != n_k"),
     ],
 )
 def test_chapter_graders_fail_wrong_answers(ex_id, answer, lost):
@@ -360,7 +360,8 @@ def test_chapter_graders_fail_wrong_answers(ex_id, answer, lost):
 
 
 def test_dq_grader_refuses_the_chapters_kernel():
-    """6.4 asks for the learner's own kernel: launching the chapter's dQ kernel is refused."""
+    """6.4 asks for the learner's own kernel: launching the chapter's dQ kernel is refused (and it could not
+    answer: the chapter's kernel takes neither n_q != n_k nor grouped-query heads)."""
     from labkernels.grading import grade
 
     def chapter_dq(q, k, v, do, lse, delta, dq, causal):
@@ -370,6 +371,60 @@ def test_dq_grader_refuses_the_chapters_kernel():
 
     record = grade("6.4", chapter_dq)
     assert record["earned"] == 0 or ON_GPU, record
+
+
+# Mutations of the solution's dQ kernel: each is right where the chapter's kernel is (n_q = n_k, one kv head
+# per query head) and wrong where 6.4 asks for more.
+DQ_MUTATIONS = {
+    "top-left causal mask, the chapter's": (
+        "    shift = n_k - n_q  # bottom right",
+        "    shift = 0  # top left",
+        "causal at the bottom right",
+    ),
+    "kv head h % Hkv instead of h // group": (
+        "    kv_z = (z // q_heads) * (q_heads // group) + (z % q_heads) // group",
+        "    kv_z = (z // q_heads) * (q_heads // group) + (z % q_heads) % (q_heads // group)",
+        "grouped-query heads",
+    ),
+}
+
+
+def _solution_dq(tmp_path, before: str = "", after: str = ""):
+    """`attention_dq` of solutions/06, imported from a file (Triton reads a kernel's source), with `before`
+    replaced by `after`."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).parent.parent / "solutions" / "06_flash_attention.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "code"]
+    (code,) = [s for s in sources if "def attention_dq_kernel" in s]
+    assert before in code, f"the solution no longer holds {before!r}: update DQ_MUTATIONS"
+    header = "import math\n\nimport labkernels\nimport triton\nimport triton.language as tl\n\n"
+    name = f"dq_answer_{abs(hash(after))}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(header + code.replace(before, after))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module.attention_dq
+
+
+@pytest.mark.parametrize("mutation", list(DQ_MUTATIONS))
+def test_dq_grader_fails_a_kernel_that_only_handles_the_chapters_case(tmp_path, mutation):
+    """Issue 42: the chapter's dQ kernel answered 6.4. Now 6.4 asks for n_q != n_k (bottom-right causal) and
+    grouped-query heads: a kernel right only where the chapter's is loses the case that asks for more, and
+    keeps the non-causal n_q != n_k case (the grader tells the two apart)."""
+    from labkernels.grading import grade
+
+    before, after, lost = DQ_MUTATIONS[mutation]
+    record = grade("6.4", _solution_dq(tmp_path, before, after))
+    status = {c["case"]: c["status"] for c in record["cases"]}
+    assert any(lost in case and s == "fail" for case, s in status.items()), record
+    assert any("not causal" in case and s == "pass" for case, s in status.items()), record
+    assert record["earned"] < 5, record
 
 
 @pytest.mark.skipif(ON_GPU, reason="CPU-lane behaviour (the interpreter)")

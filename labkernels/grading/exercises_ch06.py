@@ -1,6 +1,6 @@
 """Chapter 06 exercises: combine the partial outputs of a split-KV attention, count the bytes a causal forward
 asks of memory, find the key blocks of a causal query block when queries and keys differ in length, and write
-the dQ kernel of the backward.
+the dQ kernel of the backward for grouped-query heads and queries and keys of different lengths.
 
 Inputs are drawn at grading time. The dQ kernel's output is NaN-poisoned inside guard bands, and it runs with
 torch's matmul/softmax/attention ops switched off and the chapter's kernels forbidden: only the learner's own
@@ -16,8 +16,6 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from labkernels import size, timing
-from labkernels.ch06_attention.naive import logsumexp_reference
-from labkernels.ch06_attention.naive import reference as attention_reference
 from labkernels.grading.core import CaseFailed, exercise
 from labkernels.lane import on_gpu
 
@@ -175,14 +173,37 @@ class _NoTorchCompute(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _visible(n_q: int, n_k: int, causal: bool, device) -> torch.Tensor:
+    """(n_q, n_k) bool: which keys each query row sees; causal is aligned at the bottom right as in 6.3 (row r
+    sees key c when c <= r + n_k - n_q), so with n_q > n_k the first rows see no key."""
+    keep = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    return keep.tril(diagonal=n_k - n_q) if causal else keep
+
+
+def _per_query_head(t: torch.Tensor, q_heads: int) -> torch.Tensor:
+    """(B, Hkv, N, D) -> (B, Hq, N, D): query head h reads kv head h // (Hq / Hkv)."""
+    return t.repeat_interleave(q_heads // t.shape[1], dim=1)
+
+
+def _attention_gqa(q, k, v, causal):
+    """float64 attention with grouped-query heads and queries and keys of different lengths: (O, lse). A row
+    that sees no key has O = 0 and lse = -inf (its gradient is 0)."""
+    k, v = _per_query_head(k, q.shape[1]), _per_query_head(v, q.shape[1])
+    keep = _visible(q.shape[-2], k.shape[-2], causal, q.device)
+    seen = keep.any(dim=-1, keepdim=True)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~keep, -math.inf).masked_fill(~seen, 0.0)  # a dead row: finite, then zeroed
+    o = (torch.softmax(scores, dim=-1) * seen) @ v
+    return o, torch.logsumexp(scores, dim=-1).masked_fill(~seen.squeeze(-1), -math.inf)
+
+
 def _dq_from_formula(q, k, v, do, lse, delta, causal):
     """dQ = scale * (P * (dO V^T - D)) K with P = exp(scale * Q K^T - lse), in float64, for any inputs."""
     q, k, v, do, lse, delta = (t.double() for t in (q, k, v, do, lse, delta))
+    k, v = _per_query_head(k, q.shape[1]), _per_query_head(v, q.shape[1])
     scale = q.shape[-1] ** -0.5
     p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])
-    if causal:
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        p = p.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(), 0.0)
+    p = p.masked_fill(~_visible(q.shape[-2], k.shape[-2], causal, q.device), 0.0)
     ds = p * (do @ v.transpose(-2, -1) - delta[..., None])
     return scale * ds @ k
 
@@ -190,19 +211,30 @@ def _dq_from_formula(q, k, v, do, lse, delta, causal):
 DQ_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2)}
 
 
-def _dq_case(student, g, batch, heads, n_ctx, head_dim, causal, scale=1.0):
-    dtype = size(cpu=torch.float32, gpu=torch.float16)
-    q, k, v, do = (g.randn(batch, heads, n_ctx, head_dim, dtype=dtype) * s for s in (scale, scale, 1, 1))
+def _dq_case(student, g, batch, kv_heads, group, n_q, n_k, head_dim, causal, scale=1.0):
+    """Fresh (B, Hq, n_q, D) q, do and (B, Hkv, n_k, D) k, v; dQ against float64 autograd."""
+    dtype, q_heads = size(cpu=torch.float32, gpu=torch.float16), kv_heads * group
+    q, do = (g.randn(batch, q_heads, n_q, head_dim, dtype=dtype) * s for s in (scale, 1))
+    k, v = (g.randn(batch, kv_heads, n_k, head_dim, dtype=dtype) * s for s in (scale, 1))
     exact = [t.double().requires_grad_() for t in (q, k, v)]
-    o = attention_reference(*exact, causal)
+    o, lse = _attention_gqa(*exact, causal)
     (want,) = torch.autograd.grad(o, exact[0], do.double())
-    lse = logsumexp_reference(q, k, causal).float()
     delta = (do.double() * o.detach()).sum(-1).float()
     dq = g.guarded_empty(tuple(q.shape), dtype)
     with _NoTorchCompute():
-        student(q, k, v, do, lse, delta, dq, causal)
+        student(q, k, v, do, lse.detach().float(), delta, dq, causal)
     atol, rtol = DQ_TOL[dtype]
-    g.check_close(dq, want, atol=atol * max(1.0, want.abs().max().item()), rtol=rtol)
+    try:
+        g.check_close(dq, want, atol=atol * max(1.0, want.abs().max().item()), rtol=rtol)
+    except CaseFailed as e:
+        shape = f"B={batch}, Hq={q_heads}, Hkv={kv_heads}, n_q={n_q}, n_k={n_k}, D={head_dim}"
+        raise CaseFailed(f"{shape}, causal={causal}: {e}") from None
+
+
+def _prime(g, low: int, high: int) -> int:
+    """A random prime in [low, high] (an odd length no block size divides)."""
+    primes = [n for n in range(max(low, 2), high + 1) if all(n % d for d in range(2, math.isqrt(n) + 1))]
+    return g.choice(primes)
 
 
 @exercise(
@@ -215,22 +247,29 @@ def _dq_case(student, g, batch, heads, n_ctx, head_dim, causal, scale=1.0):
     forbids=CHAPTER_KERNELS,
 )
 def _grade_6_4(student, g):
-    # student(q, k, v, do, lse, delta, dq, causal): contiguous (B, H, N, D) q, k, v, do; fp32 (B, H, N) lse
-    # (natural log, of the scaled scores) and delta = rowsum(dO * O); writes dQ into dq. sm_scale = 1/sqrt(D).
-    odd = lambda low, high: g.randint(low, high) | 1  # noqa: E731
-    long = size(cpu=(70, 200), gpu=(1000, 3000))
-    with g.case("not causal, odd N, head dim 64", points=1):
-        _dq_case(student, g, 1, 2, odd(*long), 64, causal=False)
-    with g.case("causal, odd N (masks on the diagonal and at the ragged end)", points=2):
-        _dq_case(student, g, 2, 1, odd(*long), 64, causal=True)
-        _dq_case(student, g, 1, 1, odd(3, 30), 64, causal=True)
-    with g.case("head dims 32 and 128, N shorter than a block", points=1):
-        _dq_case(student, g, 1, 2, odd(3, 30), 32, causal=False)
-        _dq_case(student, g, 1, 1, odd(3, 30), 128, causal=True)
-    with g.case("large scores", points=1):
-        _dq_case(student, g, 1, 1, odd(*long), 64, causal=True, scale=3.0)
-    with g.case("at least 0.7x the speed of the chapter's dQ kernel, (4, 16, 4096, 64) fp16", points=2,
-                gpu_only=True):  # fmt: skip
+    # student(q, k, v, do, lse, delta, dq, causal): contiguous q, do, dq (B, Hq, n_q, D) and k, v
+    # (B, Hkv, n_k, D), Hq a multiple of Hkv; fp32 (B, Hq, n_q) lse (natural log, of the scaled scores; -inf
+    # for a row that sees no key) and delta = rowsum(dO * O); writes dQ into dq. sm_scale = 1/sqrt(D). Causal
+    # is aligned at the bottom right (6.3): row r sees key c when c <= r + n_k - n_q.
+    short, long = (3, 31), size(cpu=(37, 131), gpu=(500, 3001))  # every short length below every long one
+    dims = lambda: g.choice([32, 64, 128])  # noqa: E731
+    with g.case("not causal, n_q != n_k (odd primes), one kv head per query head", points=1):
+        lengths = g.choice([(short, long), (long, short), (long, long)])
+        n_q, n_k = _prime(g, *lengths[0]), _prime(g, *lengths[1])
+        _dq_case(student, g, 2, 1, 1, n_q, n_k + 2 * (n_k == n_q), 64, causal=False)
+    with g.case("causal at the bottom right: more keys than queries, and more queries than keys", points=2):
+        _dq_case(student, g, 1, 2, 1, _prime(g, *short), _prime(g, *long), dims(), causal=True)
+        # the first n_q - n_k rows see no key: lse -inf, dQ 0
+        _dq_case(student, g, 1, 1, 2, _prime(g, *long), _prime(g, *short), dims(), causal=True)
+    with g.case("grouped-query heads (2 and 4 query heads per kv head), multi-query (one kv head)", points=1):
+        for kv_heads, group in ((2, 2), (2, 4), (1, g.choice([3, 5, 8]))):
+            n_q, n_k = _prime(g, *long), _prime(g, *long)
+            _dq_case(student, g, 1, kv_heads, group, n_q, n_k, dims(), causal=g.choice([False, True]))
+    with g.case("large scores; lengths shorter than a block", points=1):
+        _dq_case(student, g, 1, 1, 2, _prime(g, *long), _prime(g, *long), dims(), True, scale=3.0)
+        _dq_case(student, g, 1, 2, 2, _prime(g, *short), _prime(g, *short), dims(), g.choice([False, True]))
+    with g.case("at least 0.7x the speed of the chapter's dQ kernel, (4, 16, 4096, 64) fp16, n_q = n_k",
+                points=2, gpu_only=True):  # fmt: skip
         from labkernels.ch06_attention import flash_attention as fa
 
         q, k, v, do = (g.randn(4, 16, 4096, 64, dtype=torch.float16) for _ in range(4))
