@@ -22,7 +22,7 @@ memcheck=$!
 timeout 175 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal \
   -k "not above_2_to_31 and not beyond_int32" tests/test_ch04_kernels.py tests/test_ch04_model.py \
   tests/test_ch04_exercises.py tests/test_ch05_fusion.py tests/test_ch06_attention.py tests/test_ch07_decode.py \
-  tests/test_ch08_hopper.py tests/test_ch01_ch02_hardening.py tests/test_ch02_exercises.py > "$dest/unit.log" 2>  tests/test_ch08_hopper.py tests/test_ch01_ch02_hardening.py > "$dest/unit.log" 2>&11
+  tests/test_ch08_hopper.py tests/test_ch01_ch02_hardening.py tests/test_ch02_exercises.py > "$dest/unit.log" 2>&1
 echo "2. unit tests rc=$? at $((SECONDS - start)) s"; grep -E "^(FAILED|ERROR)|passed|failed" "$dest/unit.log" | tail -12
 wait $memcheck; echo "2. memcheck rc=$?"; tail -12 "$dest/memcheck.log"
 
