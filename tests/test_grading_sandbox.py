@@ -86,6 +86,29 @@ def test_the_sandboxs_mounts_cannot_be_undone_from_inside(tmp_path):
     assert _inside(tmp_path, code) == ["", False]
 
 
+@needs_sandbox
+def test_a_tree_with_mounts_below_it_is_shown_whole_and_read_only(tmp_path, monkeypatch):
+    """The GPU lane shows /sys (CUDA reads the PCI tree), whose cgroup mounts came into the namespace locked
+    with it: binding its top alone failed with EINVAL on the H200 machine, so no GPU run was sandboxed."""
+    spec = isolation.spec
+    monkeypatch.setattr(
+        isolation, "spec", lambda rw, root: spec(rw, root) | {"ro": [*spec(rw, root)["ro"], "/sys"]}
+    )
+    below = sorted(p for p in isolation._mounts_under("/sys") if p != "/sys")
+    code = (
+        "import json, os\n"
+        f"points = {[p for p in below if os.path.isdir(p)][:3] + ['/sys/kernel']!r}\n"
+        "wrote = []\n"
+        "for p in points:\n"
+        "    try:\n"
+        "        os.mkdir(p + '/labkernels-probe'); wrote.append(p)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(json.dumps([os.path.isdir('/sys/devices'), wrote]))"
+    )
+    assert _inside(tmp_path, code) == [True, []]  # /sys there, read-only down to its submounts
+
+
 def test_grading_refuses_without_a_sandbox_unless_unsafe(monkeypatch):
     monkeypatch.setitem(isolation._probed, PACKAGE_ROOT, "no namespaces here (a test)")
     monkeypatch.delenv(isolation.ENV, raising=False)

@@ -194,11 +194,31 @@ def _bind(path: str, root: str, *, read_only: bool) -> None:
     else:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target, "a").close()
-    _mount(path, target, None, MS_BIND)
-    if read_only:  # a remount may add read-only, and must keep the flags the original mount is locked with
-        kept = os.statvfs(target).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
-        kept |= MS_RELATIME if os.statvfs(target).f_flag & 4096 else 0  # ST_RELATIME
-        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+    # Recursive: a tree with mounts below it (/sys and its cgroup mounts) came into this user namespace
+    # locked together, and binding its top alone fails (EINVAL, as on the GPU machine's /sys).
+    _mount(path, target, None, MS_BIND | MS_REC)
+    if read_only:  # each mount of the tree, top first: a remount covers one mount, not those below it
+        for point in _mounts_under(target):
+            _read_only(point)
+
+
+def _mounts_under(target: str) -> list[str]:
+    """Mount points at or below `target`, parents first (from /proc/self/mountinfo)."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")  # octal escapes: "\040" is a space
+            if point == target or point.startswith(target.rstrip("/") + "/"):
+                points.append(point)
+    return sorted(set(points), key=lambda p: p.count("/"))
+
+
+def _read_only(point: str) -> None:
+    """Remount read-only; a remount may add read-only, and must keep the flags the mount is locked with."""
+    flags = os.statvfs(point).f_flag
+    kept = flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    kept |= MS_RELATIME if flags & 4096 else 0  # ST_RELATIME
+    _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
 
 
 def _overlay(lower: str, root: str, inside: str, scratch: str) -> None:
