@@ -127,6 +127,9 @@ def _check_attention(q, k, v, causal, sm_scale=None):
         return
     torch_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale)
     err_torch = (torch_out.double() - want).abs().max().item()
+    if not math.isfinite(err_torch):  # SDPA's fused kernels give NaN for a negative scale (H200, torch 2.11)
+        assert err <= 2e-2, (err, err_torch)
+        return
     assert err <= 2 * err_torch + 1e-3, (err, err_torch)
 
 
@@ -438,8 +441,9 @@ def test_split_row_that_waits_too_long_computes_its_row_itself(mode, dtype):
     x = (torch.randn(4, 64) * 5).to(dtype)
     x[1] = (x[1].float() - 1000.0).to(dtype)
     x[1, 48:] = float("-inf")  # an empty last chunk in a very negative row: exp(0 - M) overflows
-    x[2, :16] = float("-inf")  # an empty first chunk: a fallback chunk
-    x[3] = float("-inf")
+    x[2] = (x[2].float() - 1000.0).to(dtype)
+    x[2, :16] = float("-inf")  # an empty first chunk, then a very negative row: the fallback's walk once
+    x[3] = float("-inf")  # rescaled its empty sum by exp(0 - M) = inf (NaN; seen on the H200)
     out = _poisoned(x.shape, dtype)
     osm._launch(x, out, 16, 4, mode, max_spin=4)
     _assert_matches_torch_softmax(out, x)
@@ -803,10 +807,11 @@ def test_flash_attention_causal_huge_future_score_is_masked():
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attention_ragged_padding_loses_to_very_negative_scores(causal):
     """Padding keys past N (a ragged last block, loaded as zeros) scored 0 - 1e6; real scores below that
-    lost to them. Every real key here scores the same -6.4e6: the softmax is uniform, O the mean of V."""
+    lost to them. Every real key here scores the same -1.92e6 (4 x -6e4 x 64 / 8; -6e4 fits float16): the
+    softmax is uniform, O the mean of V."""
     q, _, v = _qkv(1, 1, 100, 64, ATTN_DTYPES[0])
-    q = torch.ones_like(q)
-    k = torch.full_like(q, -1e5)
+    q = torch.full_like(q, 4.0)
+    k = torch.full_like(q, -6e4)
     o = flash_attention(q, k, v, causal=causal)
     want = reference(q, k, v, causal)
     torch.testing.assert_close(o.double(), want, atol=_attention_atol(q), rtol=0)

@@ -542,8 +542,9 @@ def _returned(device: torch.device) -> None:
 def _current_stream(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
+    index = torch.cuda.current_device() if device.index is None else device.index  # "cuda" alone: the current
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher asks, cheaply
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _stream_k_buffers(device: torch.device, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -849,14 +850,18 @@ def _setup_context(ctx, inputs, output):
 
 
 def _matmul_backward(ctx, grad_c):
-    """dA = dC B^T, dB = A^T dC, by the public matmul: under create_graph (second-order gradients) these
-    products record their own backward; otherwise grad mode is off here and it is the plain call."""
+    """dA = dC B^T, dB = A^T dC, by the registered op itself: under create_graph (second-order gradients)
+    these products record their own backward, and when torch.compile traces the backward with fake tensors
+    they take the op's fake (the public matmul's kept plans would launch on them: "Cannot access data
+    pointer of Tensor", seen on the H200)."""
     a, b = ctx.saved_tensors
+    op = torch.ops.labkernels.ch04_matmul
+    deterministic, allow_tf32 = ctx.options["deterministic"], ctx.options["allow_tf32"]
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:  # read MN + KN, write MK
-        grad_a = matmul(grad_c, b.t(), **ctx.options)
+        grad_a = op(grad_c, b.t(), "auto", None, deterministic, allow_tf32)
     if ctx.needs_input_grad[1]:  # read MK + MN, write KN
-        grad_b = matmul(a.t(), grad_c, **ctx.options)
+        grad_b = op(a.t(), grad_c, "auto", None, deterministic, allow_tf32)
     return grad_a, grad_b, None, None, None, None
 
 

@@ -229,7 +229,9 @@ def _row_state(x_row, n_cols, WALK: tl.constexpr):
         x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        row_sum = row_sum * tl.exp2((tl.where(m == -float("inf"), 0.0, m) - m_safe) * 1.4426950408889634)
+        # m - m_safe: exp2(-inf) = 0 while the row so far is -inf. Replacing that m by 0 (an earlier version)
+        # gave exp(0 - M) = inf for a very negative M, and 0 * inf = NaN: leading -inf blocks, then x ~ -1000.
+        row_sum = row_sum * tl.exp2((m - m_safe) * 1.4426950408889634)
         row_sum += tl.sum(tl.exp2((x - m_safe) * 1.4426950408889634), axis=0)
         m = m_new
     return m, row_sum
