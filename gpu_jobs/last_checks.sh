@@ -7,7 +7,10 @@
 #  3. a sandboxed process sees the GPU (pid 1 inside), then every chapter's solutions graded sandboxed, speed
 #     cases included, the GPU to itself again (gpu_jobs/grade_solutions.sh).
 # Logs in $OUT/final/ and $OUT/grade_solutions/.
+# Grading needs Jupyter (nbformat, nbclient, ipykernel), which the GPU image lacks: carry .whl
+# (../shared/gpu/wheels.sh) and run the install line it prints before this script.
 set -u
+python -c "import nbformat, nbclient, ipykernel" 2>/dev/null || echo "!! no Jupyter packages here: step 3's grading will fail (see the header)"
 dest="$OUT/final"
 mkdir -p "$dest"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
