@@ -29,19 +29,7 @@ timeout 175 python -m pytest -q -p no:cacheprovider -n 8 --dist worksteal \
 echo "2. unit tests rc=$? at $((SECONDS - start)) s"; grep -E "^(FAILED|ERROR)|passed|failed" "$dest/unit.log" | tail -12
 wait $memcheck; echo "2. memcheck rc=$?"; tail -12 "$dest/memcheck.log"
 
-python - > "$dest/cuda_inside.log" 2>&1 <<'PY'
-import os, subprocess, sys, tempfile
-from labkernels.grading import isolation
-from labkernels.grading.remote import PACKAGE_ROOT
-
-with tempfile.TemporaryDirectory() as tmp:
-    os.mkdir(f"{tmp}/root"); os.mkdir(f"{tmp}/shared")
-    code = "import os, torch; x = torch.ones(4, device='cuda'); print(os.getpid(), float((x * 2).sum()))"
-    cmd = isolation.prefix([f"{tmp}/shared"], PACKAGE_ROOT, f"{tmp}/root") + [sys.executable, "-c", code]
-    proc = subprocess.run(cmd, cwd=f"{tmp}/shared", capture_output=True, text=True, timeout=60)
-    print(proc.returncode, proc.stdout.strip(), proc.stderr[-500:])
-    sys.exit(0 if proc.stdout.strip() == "1 8.0" else 1)
-PY
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python gpu_jobs/cuda_in_sandbox.py > "$dest/cuda_inside.log" 2>&1
 echo "3. CUDA inside the sandbox (expects pid 1, sum 8.0): rc=$?"; tail -1 "$dest/cuda_inside.log"
 GRADE_TIMEOUT_S=${GRADE_TIMEOUT_S:-170} RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-160} bash gpu_jobs/grade_solutions.sh
 grep -h '"sandbox"' "$OUT"/grade_solutions/grades/students/*.json 2>/dev/null | sort | uniq -c
