@@ -86,6 +86,27 @@ def test_the_sandboxs_mounts_cannot_be_undone_from_inside(tmp_path):
     assert _inside(tmp_path, code) == ["", False]
 
 
+
+@needs_sandbox
+def test_packages_on_pythonpath_are_shown_but_not_the_course_folder(tmp_path, monkeypatch):
+    """The GPU image installs Jupyter's packages with `pip --target` into a folder on PYTHONPATH: the sandbox
+    showed none of them, so no notebook kernel started there (every sandboxed grading test failed on the
+    H200). A PYTHONPATH folder is shown read-only; one that holds the course (and solutions/) is not."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "lk_probe_module.py").write_text("ANSWER = 42\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
+    code = (
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {str(site)!r})\n"
+        "import lk_probe_module\n"
+        f"print(json.dumps([lk_probe_module.ANSWER, os.path.exists({str(ROOT / 'solutions')!r}), "
+        f"os.access({str(site)!r}, os.W_OK)]))"
+    )
+    assert _inside(tmp_path, code) == [42, False, False]
+    assert str(ROOT) not in isolation.python_path_dirs(PACKAGE_ROOT)
+
+
 @needs_sandbox
 def test_a_tree_with_mounts_below_it_is_shown_whole_and_read_only(tmp_path, monkeypatch):
     """The GPU lane shows /sys (CUDA reads the PCI tree), whose cgroup mounts came into the namespace locked

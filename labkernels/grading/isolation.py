@@ -90,6 +90,7 @@ def spec(rw: list[str], package_root: str) -> dict:
     package = os.path.join(package_root, "labkernels")
     ro = [p for p in SYSTEM_RO if os.path.lexists(p)]
     ro += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), package]
+    ro += python_path_dirs(package_root)
     hide = sorted(glob.glob(os.path.join(package, "grading", "exercises_ch*.py")))
     hide += sorted(glob.glob(os.path.join(package, "grading", "__pycache__", "exercises_ch*")))
     gpu = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))
@@ -101,6 +102,27 @@ def spec(rw: list[str], package_root: str) -> dict:
         "devices": gpu,
         "caches": {var: lower for var, lower in caches.items() if lower and os.path.isdir(lower)},
     }
+
+
+def python_path_dirs(package_root: str) -> list[str]:
+    """Folders the grader's Python imports packages from outside its prefix: `PYTHONPATH` entries and the user
+    site (`pip install --user`, or `--target` as on the GPU image). Without them the notebook's kernel finds no
+    nbformat or ipykernel inside. A folder that holds the course (and so `solutions/`), the root or a home is
+    left out: the package is bound on its own."""
+    import site
+
+    course = os.path.realpath(package_root)
+    homes = {os.path.realpath(os.path.expanduser("~")), "/", "/home", "/root", "/tmp"}
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep) + [site.getusersitepackages()]
+    found = []
+    for entry in entries:
+        path = os.path.realpath(entry) if entry else ""
+        if not os.path.isdir(path) or path in homes:
+            continue
+        if course == path or course.startswith(path + os.sep):
+            continue  # the course's own folder (or a parent): it holds solutions/
+        found.append(path)
+    return found
 
 
 def torch_extensions_root() -> str:
