@@ -86,7 +86,6 @@ def test_the_sandboxs_mounts_cannot_be_undone_from_inside(tmp_path):
     assert _inside(tmp_path, code) == ["", False]
 
 
-
 @needs_sandbox
 def test_packages_on_pythonpath_are_shown_but_not_the_course_folder(tmp_path, monkeypatch):
     """The GPU image installs Jupyter's packages with `pip --target` into a folder on PYTHONPATH: the sandbox
@@ -105,6 +104,25 @@ def test_packages_on_pythonpath_are_shown_but_not_the_course_folder(tmp_path, mo
     )
     assert _inside(tmp_path, code) == [42, False, False]
     assert str(ROOT) not in isolation.python_path_dirs(PACKAGE_ROOT)
+
+
+@needs_sandbox
+def test_a_compiler_outside_usr_is_shown_so_kernels_build_inside(tmp_path, monkeypatch):
+    """The GPU image's gcc is /opt/gcc/bin/gcc: the sandbox showed only /usr, so Triton could not build its
+    launcher and no C++ extension built (every Triton and C++ exercise scored 0 on the H200)."""
+    import shutil as sh
+
+    prefix = tmp_path / "opt" / "gcc"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "gcc").symlink_to(sh.which("gcc") or sh.which("cc"))
+    monkeypatch.setenv("CC", str(prefix / "bin" / "gcc"))
+    assert str(prefix) in isolation.toolchain_dirs(PACKAGE_ROOT)
+    code = (
+        "import json, os, subprocess\n"
+        "out = subprocess.run([os.environ['CC'], '--version'], capture_output=True, text=True).stdout\n"
+        "print(json.dumps([bool(out), os.access(os.environ['CC'], os.W_OK)]))"
+    )
+    assert _inside(tmp_path, code) == [True, False]
 
 
 @needs_sandbox

@@ -4,7 +4,8 @@
 runs each handed-in answer. Both start as `prefix(...) + argv`, which runs this file inside new user, mount,
 PID, network and IPC namespaces; it builds a root from an allow-list, pivots into it and execs argv:
 
-- `/usr`, `/etc`, the interpreter and the venv, and the course package, read-only at their own paths
+- `/usr`, `/etc`, the interpreter and the venv, PYTHONPATH's folders, the compilers (Triton's launcher and C++
+  extensions build inside) and the course package, read-only at their own paths
   (interpreters, shebangs and `.pth` files keep working); the grader's exercise files (their references are
   answers) hidden under empty files; nothing else of the machine: not `solutions/`, not the instructor's
   home, not other students' folders;
@@ -90,7 +91,7 @@ def spec(rw: list[str], package_root: str) -> dict:
     package = os.path.join(package_root, "labkernels")
     ro = [p for p in SYSTEM_RO if os.path.lexists(p)]
     ro += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), package]
-    ro += python_path_dirs(package_root)
+    ro += python_path_dirs(package_root) + toolchain_dirs(package_root)
     hide = sorted(glob.glob(os.path.join(package, "grading", "exercises_ch*.py")))
     hide += sorted(glob.glob(os.path.join(package, "grading", "__pycache__", "exercises_ch*")))
     gpu = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))
@@ -104,6 +105,38 @@ def spec(rw: list[str], package_root: str) -> dict:
     }
 
 
+def _shareable(path: str, package_root: str) -> bool:
+    """A folder the sandbox may show read-only: not the root, /tmp or a home, and not one that holds the
+    course (and so `solutions/`)."""
+    course = os.path.realpath(package_root)
+    homes = {os.path.realpath(os.path.expanduser("~")), "/", "/home", "/root", "/tmp"}
+    if not os.path.isdir(path) or path in homes:
+        return False
+    return not (course == path or course.startswith(path + os.sep))
+
+
+def toolchain_dirs(package_root: str) -> list[str]:
+    """Where the compilers live that Triton (its launcher) and torch's C++ extensions call, and the folders on
+    LD_LIBRARY_PATH: outside /usr (the GPU image's gcc is /opt/gcc/bin/gcc) the sandbox showed none, so no
+    kernel or extension built inside it. A compiler's install prefix is shown whole (its headers, libraries
+    and helpers sit beside bin/)."""
+    found = []
+    tools = [os.environ.get(var, "") for var in ("CC", "CXX")]
+    tools += [shutil.which(name) or "" for name in ("cc", "c++", "gcc", "g++", "clang", "nvcc")]
+    for tool in filter(None, tools):
+        for path in {os.path.abspath(tool), os.path.realpath(tool)}:
+            folder = os.path.dirname(path)
+            found.append(os.path.dirname(folder) if os.path.basename(folder) == "bin" else folder)
+    found += [os.environ.get(var, "") for var in ("CUDA_HOME", "CUDA_PATH")]
+    found += os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+    system = tuple(p.rstrip("/") + "/" for p in SYSTEM_RO)
+    shown = []
+    for path in (os.path.realpath(p) for p in found if p):
+        if _shareable(path, package_root) and not (path + "/").startswith(system) and path not in shown:
+            shown.append(path)
+    return shown
+
+
 def python_path_dirs(package_root: str) -> list[str]:
     """Folders the grader's Python imports packages from outside its prefix: `PYTHONPATH` entries and the user
     site (`pip install --user`, or `--target` as on the GPU image). Without them the notebook's kernel finds no
@@ -111,18 +144,8 @@ def python_path_dirs(package_root: str) -> list[str]:
     left out: the package is bound on its own."""
     import site
 
-    course = os.path.realpath(package_root)
-    homes = {os.path.realpath(os.path.expanduser("~")), "/", "/home", "/root", "/tmp"}
     entries = os.environ.get("PYTHONPATH", "").split(os.pathsep) + [site.getusersitepackages()]
-    found = []
-    for entry in entries:
-        path = os.path.realpath(entry) if entry else ""
-        if not os.path.isdir(path) or path in homes:
-            continue
-        if course == path or course.startswith(path + os.sep):
-            continue  # the course's own folder (or a parent): it holds solutions/
-        found.append(path)
-    return found
+    return [os.path.realpath(e) for e in entries if e and _shareable(os.path.realpath(e), package_root)]
 
 
 def torch_extensions_root() -> str:
