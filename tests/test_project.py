@@ -198,9 +198,8 @@ def test_class_image_leaves_out_answers_and_the_development_tree():
     """The class image copies the build context whole (`COPY . ...`): .dockerignore must keep solutions, tests
     and local state out of what every learner's server holds, and keep what the image needs to install."""
     assert "COPY --chown=${NB_UID} . " in (ROOT / "instructors/Dockerfile").read_text()
-    ignored = {
-        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip()[:1] not in "#"
-    }
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = {line.strip() for line in lines if line.strip()[:1] not in "#"}
     assert {"solutions", "tests", ".git", ".venv", "submissions", "grades"} <= ignored
     for needed in ("labkernels", "notebooks", "exercises", "pyproject.toml", "setup.py", "README.md"):
         assert not any(Path(needed).match(pattern) for pattern in ignored), needed

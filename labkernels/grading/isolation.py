@@ -138,10 +138,10 @@ def toolchain_dirs(package_root: str) -> list[str]:
 
 
 def python_path_dirs(package_root: str) -> list[str]:
-    """Folders the grader's Python imports packages from outside its prefix: `PYTHONPATH` entries and the user
-    site (`pip install --user`, or `--target` as on the GPU image). Without them the notebook's kernel finds no
-    nbformat or ipykernel inside. A folder that holds the course (and so `solutions/`), the root or a home is
-    left out: the package is bound on its own."""
+    """Folders the grader's Python imports packages from outside its prefix: `PYTHONPATH` entries and the
+    user site (`pip install --user`, or `--target` as on the GPU image). Without them the notebook's kernel
+    finds no nbformat or ipykernel inside. A folder that holds the course (and so `solutions/`), the root or
+    a home is left out: the package is bound on its own."""
     import site
 
     entries = os.environ.get("PYTHONPATH", "").split(os.pathsep) + [site.getusersitepackages()]

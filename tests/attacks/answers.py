@@ -115,7 +115,7 @@ def add_relu_torch_ops(x, bias, out):
 
 
 def add_relu_course_kernel(x, bias, out):
-    """No kernel of its own: the course's add_relu from labkernels, over x and the bias copied to every row."""
+    """No kernel of its own: the course's add_relu from labkernels, over x and the bias copied to each row."""
     from labkernels.ch03_triton.add_relu import _add_relu
 
     _add_relu(x.contiguous(), bias.expand_as(x).contiguous(), out, 1024, 4)
