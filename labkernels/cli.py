@@ -213,6 +213,11 @@ def _bench(args) -> int:
     return 0
 
 
+# The kernelspec every notebook stores: the one ipykernel installs. JupyterLab writes the running kernel's
+# spec into a notebook it opens, so any other stored spec marks the notebook modified before anything ran.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
 def _execute(args) -> int:
     """Execute notebooks in place (stores this lane's outputs); stops at the first failing notebook."""
     import nbformat
@@ -228,6 +233,7 @@ def _execute(args) -> int:
             kernel_name="python3",
             resources={"metadata": {"path": str(path.parent.resolve())}},
         ).execute()
+        nb.metadata["kernelspec"] = dict(KERNELSPEC)
         nbformat.write(nb, path)
     return 0
 

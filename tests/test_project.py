@@ -1,5 +1,6 @@
 """The course's set-up files agree with each other."""
 
+import json
 import re
 from pathlib import Path
 
@@ -203,3 +204,24 @@ def test_class_image_leaves_out_answers_and_the_development_tree():
     assert {"solutions", "tests", ".git", ".venv", "submissions", "grades"} <= ignored
     for needed in ("labkernels", "notebooks", "exercises", "pyproject.toml", "setup.py", "README.md"):
         assert not any(Path(needed).match(pattern) for pattern in ignored), needed
+
+
+def test_every_notebook_stores_the_kernelspec_jupyterlab_will_run():
+    """Issue 44: stored as "Python 3", every notebook opened in JupyterLab as modified before anything ran
+    (the lab writes the running kernel's spec, "Python 3 (ipykernel)", into the notebook). The browser test
+    checks the open itself; this checks every notebook, and that `execute` writes the same spec."""
+    from ipykernel.kernelspec import get_kernel_dict
+
+    from labkernels.cli import KERNELSPEC
+
+    assert KERNELSPEC["display_name"] == get_kernel_dict()["display_name"]
+    folders = ("notebooks", "notebooks/appendix", "exercises", "solutions")
+    paths = [p for folder in folders for p in sorted((ROOT / folder).glob("*.ipynb"))]
+    assert len(paths) > 20
+    wrong = [
+        str(p.relative_to(ROOT))
+        for p in paths
+        if json.loads(p.read_text())["metadata"].get("kernelspec") != KERNELSPEC
+    ]
+    assert not wrong, f"stored kernelspec differs from {KERNELSPEC}: {wrong}"
+    assert 'nb.metadata["kernelspec"] = dict(KERNELSPEC)' in (ROOT / "labkernels" / "cli.py").read_text()

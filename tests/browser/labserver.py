@@ -53,7 +53,8 @@ def _free_port() -> int:
 class Lab:
     """A running `jupyter lab` over a scratch copy of the course pages."""
 
-    def __init__(self, pages=PAGES):
+    def __init__(self, pages=PAGES, trust: bool = False):
+        """`trust`: sign the notebooks for this Jupyter home first, as `make lab` does."""
         self.home = Path(tempfile.mkdtemp(prefix="labkernels-browser-"))
         self.root = self.home / "course"
         for page in pages:
@@ -71,6 +72,10 @@ class Lab:
             JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
             JUPYTER_CONFIG_DIR=str(self.home / "config"),
         )
+        if trust:
+            notebooks = [page for page in pages if page.endswith(".ipynb")]
+            subprocess.run([sys.executable, "-m", "jupyter", "trust", *notebooks], cwd=self.root, env=env,
+                           check=True, capture_output=True)  # fmt: skip
         cmd = [
             sys.executable,
             "-m",

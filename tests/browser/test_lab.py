@@ -2,7 +2,8 @@
 
 What a learner sees: the README opens rendered with no news popup; notebooks 00 and 02 read right before they
 are run (a picture where each widget goes, never a repr like `VBox(children=...)`); Run All gives no error;
-moving a control redraws the plot; an exercise's check grades a pasted answer. Screenshots land in
+moving a control redraws the plot; an exercise's check grades a pasted answer; served as `make lab` serves
+them, notebooks open trusted, and no notebook is marked modified before anything runs. Screenshots land in
 tests/browser/screenshots/. Skipped unless LABKERNELS_BROWSER=1 (set by the Makefile target), so the unit
 test run never starts a browser.
 """
@@ -149,6 +150,37 @@ def test_notebook_before_and_after_run_all(page, lab, name):
     cell.scroll_into_view_if_needed()
     shot(page, f"{name}-moved")
     assert_no_error_output(page)
+
+
+@pytest.fixture(scope="module")
+def trusted_lab():
+    server = Lab(trust=True)
+    yield server
+    server.close()
+
+
+def tab_dirty(page: Page) -> bool:
+    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current.jp-mod-dirty").count() > 0
+
+
+@pytest.mark.parametrize("path", ["notebooks/00_roofline.ipynb", "exercises/00_roofline.ipynb"])
+def test_notebooks_open_trusted_and_unmodified(page, trusted_lab, path):
+    """Issue 44: opened as `make lab` serves them (signed for this user), every code cell is trusted, so the
+    stored widgets and figures show as committed; and opening one changes nothing (no unsaved-changes mark
+    before anything runs)."""
+    open_page(page, trusted_lab, path)
+    page.wait_for_timeout(2000)  # the widget manager and the trust check settle after the kernel starts
+    trust = page.locator("#jp-main-statusbar .jp-StatusItem-trust")
+    expect(trust).to_have_count(1)
+    title = trust.get_attribute("title") or trust.locator("[title]").first.get_attribute("title")
+    assert title and title.startswith("Notebook trusted"), title
+    assert not tab_dirty(page), f"{path} is marked modified right after opening"
+
+
+def test_an_untrusted_notebook_opens_unmodified_too(page, lab):
+    open_page(page, lab, "notebooks/02_strides.ipynb")
+    page.wait_for_timeout(2000)
+    assert not tab_dirty(page), "notebook 02 is marked modified right after opening"
 
 
 def run_cell(page: Page, cell) -> None:
