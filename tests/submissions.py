@@ -106,6 +106,72 @@ def read_program_with_the_course_reader(code):
     return found
 
 
+def read_program_after_switching_off_the_hook(code):
+    """5.3 answered by the course reader, after `sys.setprofile(None)` took the grader's call record away."""
+    import sys
+
+    sys.setprofile(None)
+    import labkernels.ch05_fusion.inductor as reader
+
+    found = {}
+    for kernel in reader.kernels(code):
+        if kernel.name.startswith("triton_"):
+            source = reader.kernel_source(code, kernel.name)
+            found[kernel.name] = {
+                "ops": list(kernel.ops),
+                "loads": source.count("tl.load("),
+                "stores": source.count("tl.store("),
+            }
+    return found
+
+
+def read_program_in_a_thread(code):
+    """5.3 answered by the course reader, imported and called in a thread the answer starts."""
+    import threading
+
+    found = {}
+
+    def read():
+        import labkernels.ch05_fusion.inductor as reader
+
+        for kernel in reader.kernels(code):
+            if kernel.name.startswith("triton_"):
+                source = reader.kernel_source(code, kernel.name)
+                found[kernel.name] = {
+                    "ops": list(kernel.ops),
+                    "loads": source.count("tl.load("),
+                    "stores": source.count("tl.store("),
+                }
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join()
+    return found
+
+
+def read_program_with_a_copy_of_the_course_reader(code):
+    """5.3 answered by the course reader's source, read from its file and run under another file name: no
+    call into the course's file at all."""
+    import importlib.util
+    import sys
+    import types
+
+    origin = importlib.util.find_spec("labkernels.ch05_fusion.inductor").origin
+    mine = sys.modules["my_reader"] = types.ModuleType("my_reader")  # dataclasses look their module up
+    with open(origin) as f:
+        exec(compile(f.read(), "my_reader.py", "exec"), mine.__dict__)
+    found = {}
+    for kernel in mine.kernels(code):
+        if kernel.name.startswith("triton_"):
+            source = mine.kernel_source(code, kernel.name)
+            found[kernel.name] = {
+                "ops": list(kernel.ops),
+                "loads": source.count("tl.load("),
+                "stores": source.count("tl.store("),
+            }
+    return found
+
+
 def predict_with_the_course_roofline(op, bandwidth_gbps, peak_tflops):
     """Exercise 4.1's GEMMs answered by labkernels.roofline and gemm_model (wrong for convolutions anyway)."""
     from labkernels.ch04_libraries import gemm_model

@@ -153,6 +153,7 @@ class Worker:
         before = [view_meta(t) for t in tensors]
         recorder = self.guard.AtenRecorder() if requires else None
         self.launches.launches.clear()
+        self.launches.codes.clear()
         self.launches.active = True
         try:
             with self.forbidden:
@@ -165,6 +166,7 @@ class Worker:
             return {"status": "raised", "reason": reason(e), "type": type(e).__name__}
         finally:
             self.launches.active = False
+        self.forbidden.check_kernels(self.launches.codes)
         if self.forbidden.called:
             return {"status": "refused", "reason": self.forbidden.verdict()}
         moved = [i for i, t in enumerate(tensors) if view_meta(t) != before[i]]

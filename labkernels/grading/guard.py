@@ -80,6 +80,7 @@ class TritonLaunches:
 
     def __init__(self):
         self.launches: list[tuple[str, str]] = []
+        self.codes: list = []  # the launched kernels' Python code objects (ForbiddenCalls.check_kernels)
         self.active = False
 
     def install(self) -> None:
@@ -102,6 +103,8 @@ class TritonLaunches:
                     fn = getattr(fn_self, "fn", None)
                     module = getattr(fn, "__module__", None) or "?"
                     self.launches.append((module, getattr(fn, "__name__", "?")))
+                    if hasattr(fn, "__code__"):
+                        self.codes.append(fn.__code__)
                 return _original(fn_self, *args, **kwargs)
 
             run._labkernels_wrapped = True
@@ -146,41 +149,95 @@ def _kind(requires: str) -> str:
 class ForbiddenCalls:
     """While active (`with`), records the first call into a function defined in one of `modules`: the course's
     own answer to an exercise that asks the learner to write it. A profile hook sees Python calls however
-    they are reached (imported by name, through `labkernels.<module>`, or from a helper of the learner's)."""
+    they are reached (imported by name, through `labkernels.<module>`, or from a helper of the learner's), in
+    threads the answer starts too; a copy of that code run under another file name (`exec` of its source) is
+    known by its bytecode; an answer that switches the hook off is refused for that."""
+
+    SWITCHED_OFF = "<the profile hook, switched off>"
+    # A code object this small (`return self._x`) may be written the same way by anyone: not a fingerprint.
+    MIN_FINGERPRINT_BYTES = 48
 
     def __init__(self, modules):
         self.files: dict[str, str] = {}  # source file -> module name
+        self.fingerprints: dict[tuple, str] = {}  # fingerprint -> "module.qualname"
         for name in modules:
             spec = importlib.util.find_spec(name)
             if spec is None or not spec.origin:
                 raise ValueError(f"forbids names {name!r}, which is not an importable module")
             self.files[os.path.realpath(spec.origin)] = name
+            self._fingerprint_file(spec.origin, name)
         self._by_filename: dict[str, str | None] = {}
+        self._by_code: dict[object, str | None] = {}
         self.called: str | None = None
-        self._previous = None
+        self._previous = self._previous_threads = None
+
+    @staticmethod
+    def fingerprint(code) -> tuple | None:
+        """What a copy keeps whatever its file, function and local names: the bytecode, the global and
+        attribute names it uses and its plain constants."""
+        if len(code.co_code) < ForbiddenCalls.MIN_FINGERPRINT_BYTES:
+            return None
+        consts = tuple(repr(c) for c in code.co_consts if not hasattr(c, "co_code"))
+        return code.co_code, code.co_names, consts
+
+    def _fingerprint_file(self, path: str, module: str) -> None:
+        with open(path, encoding="utf-8") as f:
+            todo = [compile(f.read(), path, "exec")]
+        while todo:  # every function, method and nested function of the module
+            code = todo.pop()
+            todo += [c for c in code.co_consts if hasattr(c, "co_code")]
+            key = self.fingerprint(code)
+            if key is not None and code.co_name != "<module>":
+                self.fingerprints.setdefault(key, f"{module}.{code.co_qualname}")
+
+    def _identify(self, code) -> str | None:
+        module = self._by_filename.get(code.co_filename, ...)
+        if module is ...:  # the first call from this file: resolve it once
+            module = self._by_filename[code.co_filename] = self.files.get(os.path.realpath(code.co_filename))
+        if module is not None:
+            return f"{module}.{code.co_qualname}"
+        return self.fingerprints.get(self.fingerprint(code))
 
     def _hook(self, frame, event, arg):
         if event == "call" and self.called is None:
-            filename = frame.f_code.co_filename
-            module = self._by_filename.get(filename, ...)
-            if module is ...:  # the first call from this file: resolve it once
-                module = self._by_filename[filename] = self.files.get(os.path.realpath(filename))
-            if module is not None:
-                self.called = f"{module}.{frame.f_code.co_qualname}"
+            code = frame.f_code
+            if code not in self._by_code:
+                self._by_code[code] = self._identify(code)
+            self.called = self._by_code[code]
 
     def __enter__(self):
         self.called = None
         if self.files:
-            self._previous = sys.getprofile()
-            sys.setprofile(self._hook)
+            import threading
+
+            self._previous, self._previous_threads = sys.getprofile(), threading.getprofile()
+            threading.setprofile(self._hook)  # threads the answer starts
+            sys.setprofile(self._hook)  # a bound method: a new object each time, compared with == below
         return self
 
     def __exit__(self, *exc):
         if self.files:
+            import threading
+
+            if sys.getprofile() != self._hook and self.called is None:
+                self.called = self.SWITCHED_OFF
             sys.setprofile(self._previous)
+            threading.setprofile(self._previous_threads)
         return False
 
+    def check_kernels(self, codes) -> None:
+        """Triton kernels the answer launched, by their Python code: a compiled launch runs no Python frame
+        the hook could see, so a copied kernel is known here."""
+        for code in codes:
+            if self.called is None and self.files:
+                self.called = self._identify(code)
+
     def verdict(self) -> str:
+        if self.called == self.SWITCHED_OFF:
+            return (
+                "your answer switched off the grader's record of calls (sys.setprofile); an answer must "
+                "leave the grader alone"
+            )
         return (
             f"your answer called {self.called}, the course's own code for this; the exercise asks you to "
             "write it yourself"
