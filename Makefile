@@ -175,5 +175,7 @@ lab-settings: venv
 PLAYWRIGHT_VERSION ?= 1.65.2
 test-browser: lab-settings
 	@test -x "$${CHROMIUM:-/usr/bin/chromium}" || { echo "make test-browser needs Chromium: apt-get install chromium" >&2; exit 1; }
-	@$(VPY) -c "import playwright" 2>/dev/null || $(VPY) -m pip install -q "playwright==$(PLAYWRIGHT_VERSION)"
+	@# Installing Playwright changes the venv: its known-good record for grading is taken again (by you, now).
+	@$(VPY) -c "import playwright" 2>/dev/null || { $(VPY) -m pip install -q "playwright==$(PLAYWRIGHT_VERSION)" \
+	  && $(VPY) -m labkernels grade --record-manifest; }
 	LABKERNELS_BROWSER=1 $(VPY) -m pytest -q -p no:cacheprovider -s tests/browser

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-gpu` on one H200 in under 9 minutes: the compute-sanitizer tests (tests/test_sanitizer.py, their
+# `make test-gpu` on one H200 in about 8 minutes: the compute-sanitizer tests (tests/test_sanitizer.py, their
 # own process: they print their wall times) run beside the other unit tests (pytest-xdist), then nbval over
 # the notebooks and solutions. Logs to $OUT/test_gpu/; a summary on stdout.
 set -u
@@ -33,7 +33,7 @@ python -m pytest --help 2>/dev/null | grep -q worksteal || steal=load
     test_matmul_beyond_int32_offsets" $kernel_files > "$dest/unit_kernels.log" 2>&1
   echo "unit tests, kernel files (--dist $steal) rc=$? in $((SECONDS - start)) s" > "$dest/unit_kernels.rc"
 ) &
-timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${OTHER_WORKERS:-3}" --dist loadfile \
+timeout "${UNIT_TIMEOUT_S:-360}" python -m pytest -v -p no:cacheprovider -n "${OTHER_WORKERS:-4}" --dist loadfile \
   --durations=25 -k "not ($alone)" $other_files $past_2_31 > "$dest/unit.log" 2>&1
 echo "unit tests, other files and those past 2^31 rc=$? in $((SECONDS - start)) s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$dest/unit.log" | tail -25
@@ -47,8 +47,8 @@ timeout 120 python -m pytest -q -p no:cacheprovider -k "$alone" tests/test_machi
 echo "unit tests that need the GPU alone rc=$?"
 grep -E "^(FAILED|ERROR)|passed|failed" "$dest/alone.log" | tail -5
 nb_start=$SECONDS
-MPLBACKEND=module://matplotlib_inline.backend_inline timeout "${NB_TIMEOUT_S:-220}" python -m pytest -q \
-  -p no:cacheprovider -n "${NB_WORKERS:-6}" --dist loadfile --nbval --nbval-current-env \
+MPLBACKEND=module://matplotlib_inline.backend_inline timeout "${NB_TIMEOUT_S:-220}" python -m pytest -v \
+  -p no:cacheprovider -n "${NB_WORKERS:-12}" --dist loadfile --nbval --nbval-current-env \
   --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks solutions > "$dest/notebooks.log" 2>&1
 echo "nbval rc=$? in $((SECONDS - nb_start)) s"
-grep -E "^(FAILED|ERROR)|passed|failed" "$dest/notebooks.log" | tail -25
+grep -E "FAILED|ERROR|passed|failed" "$dest/notebooks.log" | grep -v PASSED | tail -25

@@ -195,6 +195,22 @@ def test_a_changed_venv_refuses_this_run_and_every_later_one(tmp_path):
     manifest.check("after recording")
 
 
+def test_jupyterlab_settings_in_the_venv_are_not_a_change(tmp_path):
+    """`make lab-settings` (run by `make lab` and `make test-browser`) writes JupyterLab's settings into the
+    venv: every later `make grade` refused, as if a submission had planted code there."""
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    manifest = VenvManifest(tmp_path / "manifest.json", roots=[venv])
+    manifest.check("first")
+    settings = venv / "share" / "jupyter" / "lab" / "settings" / "overrides.d"
+    settings.mkdir(parents=True)
+    (settings / "labkernels.json").write_text("{}")
+    manifest.check("after make lab-settings")
+    (venv / "share" / "jupyter" / "lab" / "planted.py").write_text("")  # beside the settings: still seen
+    with pytest.raises(VenvChanged, match="planted.py"):
+        manifest.check("after a run")
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "labkernels", "grade", *args],

@@ -161,7 +161,9 @@ class VenvManifest:
     grading in this run and every later one, until someone who knows the change records it again. A file's
     change time cannot be set back by its owner. Bytecode (`__pycache__`) is written by imports and is not
     listed: a sandboxed submission cannot write any of it (read-only), an `--unsafe` one could, and could
-    also rewrite this record; the manifest is a tripwire there, the sandbox is the wall."""
+    also rewrite this record; the manifest is a tripwire there, the sandbox is the wall. JupyterLab's
+    settings (`share/jupyter/lab/settings`, written by `make lab-settings`) are not listed: no grader
+    code reads them."""
 
     NAME = "labkernels-manifest.json"
 
@@ -176,6 +178,8 @@ class VenvManifest:
             skip = {"__pycache__"} | ({"site-packages", "test"} if root != Path(sys.prefix) else set())
             for folder, dirs, names in os.walk(root):
                 dirs[:] = [d for d in dirs if d not in skip]
+                if os.path.relpath(folder, root) == os.path.join("share", "jupyter", "lab"):
+                    dirs[:] = [d for d in dirs if d != "settings"]  # JupyterLab's look (make lab-settings)
                 for name in names:
                     path = os.path.join(folder, name)
                     with contextlib.suppress(OSError):
