@@ -99,7 +99,9 @@ def test_grouped_order_needs_ints_and_cannot_import_the_graders_reference():
 
 
 def test_cpp_exercises_refuse_torch_ops_and_python_kernels():
-    _zero("1.1", A.clamp_scale_with_at_clamp, "aten::clamp")
+    """Issue 42: `at::cpu::clamp` (ATen's kernel called without the dispatcher) went unseen and scored 6/6;
+    the library's imports now say what it calls."""
+    _zero("1.1", A.clamp_scale_with_at_clamp, "calls torch's at::cpu::clamp, at::cpu::mul")
     _zero("1.3", A.register_relu_sq_in_python, "registered from Python")
 
 

@@ -122,6 +122,7 @@ class Worker:
         self.forbidden = guard.ForbiddenCalls(setup.get("forbids", ()))
         self.launches = guard.TritonLaunches()
         self.launches.install()
+        self.libraries = guard.LibraryCalls() if self.requires == "cpp" else None
         guard.BlockGraderImports.install()
         # Timers taken before the learner's code loads (a later patch of torch.cuda.Event cannot reach them).
         import torch
@@ -178,6 +179,8 @@ class Worker:
             }
         if recorder is not None:
             why = self.guard.verdict(requires, recorder.seen, self.launches.launches)
+            if why is None and requires == "cpp" and self.libraries is not None:
+                why = self.libraries.verdict()
             if why:
                 return {"status": "refused", "reason": why}
         try:

@@ -111,6 +111,132 @@ class TritonLaunches:
             cls.run = run
 
 
+# --- what a learner's C++ library calls: its undefined dynamic symbols --------------------------------------
+# A C++ answer can call ATen's CPU kernels directly (`at::cpu::clamp`, `at::native::...`): no dispatcher, so
+# AtenRecorder never sees them. The library's dynamic symbol table names every function it needs from torch.
+
+# Namespaces whose functions are operator kernels called without the dispatcher.
+DIRECT_KERNEL_NAMESPACES = frozenset(
+    """native cpu cuda meta compositeexplicitautograd compositeexplicitautogradnonfunctional
+    compositeimplicitautograd""".split()
+)
+
+
+def undefined_symbols(path: str) -> list[str]:
+    """The undefined symbols in an ELF64 little-endian library's dynamic symbol table: what it imports."""
+    import struct
+
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF library")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[link][4]
+        for at in range(offset, offset + size, entsize or 24):
+            name_at, _, _, shndx = struct.unpack_from("<IBBH", data, at)
+            if shndx == 0 and name_at:  # undefined: provided by another library
+                end = data.index(b"\0", strtab + name_at)
+                names.append(data[strtab + name_at : end].decode("ascii", "replace"))
+    return names
+
+
+def _nested_name(symbol: str) -> list[str]:
+    """The leading components of an Itanium-mangled nested name: "_ZN2at4_ops5clamp4callE..." ->
+    ["at", "_ops", "clamp", "call"]."""
+    if not symbol.startswith("_ZN"):
+        return []
+    i, parts = 3, []
+    while i < len(symbol) and symbol[i] in "KVr":  # cv-qualifiers of a member function
+        i += 1
+    while i < len(symbol) and symbol[i].isdigit():
+        j = i
+        while symbol[j].isdigit():
+            j += 1
+        n = int(symbol[i:j])
+        parts.append(symbol[j : j + n])
+        i = j + n
+    return parts
+
+
+def _ops_structs() -> dict[str, str]:
+    """at::_ops struct name -> op name ("add_Tensor" -> "add"), for every ATen op registered."""
+    import torch
+
+    structs = {}
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, full = qualified.partition("::")
+        if namespace == "aten":
+            name, _, overload = full.partition(".")
+            structs[f"{name}_{overload}" if overload else name] = name
+    return structs
+
+
+def aten_compute_calls(path: str) -> list[str]:
+    """ATen compute functions the library at `path` imports: `at::_ops::<op>` (dispatched) and kernels called
+    directly (`at::cpu::<op>` ...), other than allocation, views and copies (ALLOWED_ATEN)."""
+    structs, found = None, set()
+    for symbol in undefined_symbols(path):
+        parts = _nested_name(symbol)
+        if len(parts) < 3 or parts[0] != "at":
+            continue
+        if parts[1] == "_ops":
+            structs = structs if structs is not None else _ops_structs()
+            op = structs.get(parts[2], parts[2])
+        elif parts[1] in DIRECT_KERNEL_NAMESPACES:
+            op = parts[2].removesuffix("_outf").removesuffix("_out").removesuffix("_symint")
+        else:
+            continue
+        if op not in ALLOWED_ATEN and op.rstrip("_") not in ALLOWED_ATEN:
+            found.add(f"at::{parts[1]}::{parts[2]}")
+    return sorted(found)
+
+
+def loaded_libraries() -> set[str]:
+    """The shared libraries mapped into this process now (Linux: /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    except OSError:
+        return set()
+    return {p for p in paths if p.startswith("/") and (p.endswith(".so") or ".so." in p)}
+
+
+class LibraryCalls:
+    """The ATen compute functions that libraries loaded after `__init__` import (the learner's extensions)."""
+
+    def __init__(self):
+        self.before = loaded_libraries()
+        self._checked: dict[tuple[str, int], list[str]] = {}
+
+    def verdict(self) -> str | None:
+        # torch, the venv and the system load libraries lazily too: only those built elsewhere are answers
+        installed = tuple({sys.prefix, sys.base_prefix, "/usr", "/lib", "/lib64", "/opt"})
+        for path in sorted(loaded_libraries() - self.before):
+            if path.startswith(installed):
+                continue
+            try:
+                key = (path, os.stat(path).st_mtime_ns)
+                if key not in self._checked:
+                    self._checked[key] = aten_compute_calls(path)
+            except (OSError, ValueError, IndexError):
+                continue  # gone, or not an ELF64 library: nothing to read
+            calls = self._checked[key]
+            if calls:
+                shown = ", ".join(calls[:4]) + (" ..." if len(calls) > 4 else "")
+                name = os.path.basename(path)
+                return (
+                    f"your library {name} calls torch's {shown}; this exercise asks for a C++ kernel that "
+                    "computes the values itself"
+                )
+        return None
+
+
 def verdict(requires: str | None, seen: collections.Counter, launches: list[tuple[str, str]]) -> str | None:
     """Why this call does not count for an exercise that `requires` a kernel ("triton" / "cpp"), or None."""
     if requires is None:

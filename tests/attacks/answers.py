@@ -148,14 +148,17 @@ def grouped_order_from_grader(pid, num_pid_m, num_pid_n, group_size_m):
 
 
 def clamp_scale_with_at_clamp():
-    """1.1 with at::clamp doing the work and no dtype dispatch."""
+    """1.1 with torch doing the work through ATen's CPU kernels called directly (`at::cpu::clamp`,
+    `at::cpu::mul`): no dispatcher, so nothing a dispatch recorder sees; every dtype, no dispatch macro."""
     return r"""
 #include <ATen/ATen.h>
+#include <ATen/ops/clamp_cpu_dispatch.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
 at::Tensor clamp_scale(const at::Tensor& x, double lo, double hi, double scale) {
   TORCH_CHECK(x.is_floating_point(), "float only");
   TORCH_CHECK(x.is_contiguous(), "contiguous only");
   TORCH_CHECK(lo <= hi, "lo <= hi");
-  return at::clamp(x, lo, hi).mul(scale);
+  return at::cpu::mul(at::cpu::clamp(x, lo, hi), at::scalar_tensor(scale, x.options()));
 }
 """
 
