@@ -71,13 +71,14 @@ def test_answers_that_call_the_course_s_own_answer_are_refused(ex_id, name, modu
         ("read_program_after_switching_off_the_hook", "switched off the grader's record of calls"),
         ("read_program_in_a_thread", "called labkernels.ch05_fusion.inductor."),
         ("read_program_with_a_copy_of_the_course_reader", "called labkernels.ch05_fusion.inductor."),
+        ("softmax_by_a_copy_of_the_course_kernel", "called labkernels.ch03_triton.softmax."),
     ],
 )
 def test_ways_around_the_call_record_are_refused(name, said):
     """Issue 42: the call record was a profile hook in the answer's thread, keyed by file name. Switching it
     off, calling from a thread, or running the course's source under another file name each scored 5.3's
-    points with the course's own reader."""
-    rec = grade("5.3", getattr(submissions, name))
+    points with the course's own reader (3/3), and chapter 03's softmax copied into the answer 3.2's."""
+    rec = grade("3.2" if name.startswith("softmax") else "5.3", getattr(submissions, name))
     assert rec["possible"] > 0 and rec["earned"] == 0, format_record(rec)
     assert said in format_record(rec), format_record(rec)
 

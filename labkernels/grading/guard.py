@@ -280,8 +280,9 @@ class ForbiddenCalls:
     known by its bytecode; an answer that switches the hook off is refused for that."""
 
     SWITCHED_OFF = "<the profile hook, switched off>"
-    # A code object this small (`return self._x`) may be written the same way by anyone: not a fingerprint.
-    MIN_FINGERPRINT_BYTES = 48
+    # A code object this small (`return self._x`, a list comprehension) may be written the same way by anyone:
+    # not a fingerprint. Docstrings are constants, so a helper typed from a public tutorial does not match.
+    MIN_FINGERPRINT_BYTES = 120
 
     def __init__(self, modules):
         self.files: dict[str, str] = {}  # source file -> module name
