@@ -104,6 +104,9 @@ def test_packages_on_pythonpath_are_shown_but_not_the_course_folder(tmp_path, mo
     )
     assert _inside(tmp_path, code) == [42, False, False]
     assert str(ROOT) not in isolation.python_path_dirs(PACKAGE_ROOT)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))  # inside the course: its tests hold answers too
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(ROOT / "tests"))
+    assert isolation.python_path_dirs(PACKAGE_ROOT) == [] and isolation.toolchain_dirs(PACKAGE_ROOT) == []
 
 
 @needs_sandbox

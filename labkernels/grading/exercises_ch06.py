@@ -10,6 +10,7 @@ kernel can answer.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -218,7 +219,9 @@ def _dq_case(student, g, batch, kv_heads, group, n_q, n_k, head_dim, causal, sca
     k, v = (g.randn(batch, kv_heads, n_k, head_dim, dtype=dtype) * s for s in (scale, 1))
     exact = [t.double().requires_grad_() for t in (q, k, v)]
     o, lse = _attention_gqa(*exact, causal)
-    (want,) = torch.autograd.grad(o, exact[0], do.double())
+    with warnings.catch_warnings():  # on the GPU autograd's device thread warns that it set a CUDA context
+        warnings.filterwarnings("ignore", message="Attempting to run cuBLAS")
+        (want,) = torch.autograd.grad(o, exact[0], do.double())
     delta = (do.double() * o.detach()).sum(-1).float()
     dq = g.guarded_empty(tuple(q.shape), dtype)
     with _NoTorchCompute():
@@ -278,7 +281,12 @@ def _grade_6_4(student, g):
         dq = g.guarded_empty(tuple(q.shape), q.dtype)
 
         def check(q, k, v, do, lse, delta, dq, causal):
-            g.check_close(dq, _dq_from_formula(q, k, v, do, lse, delta, causal), atol=2e-2, rtol=2e-2)
+            # Timed repetitions run on fresh randn inputs, lse included: where the exact dQ passes float16's
+            # range (65504; seen on the H200) any float16 kernel overflows: there it need only be huge.
+            want = _dq_from_formula(q, k, v, do, lse, delta, causal)
+            fits = want.abs() < 6e4
+            g.check_close(dq[fits], want[fits], atol=2e-2, rtol=2e-2)
+            g.expect(bool((dq[~fits].float().abs() > 3e4).all()), "dQ is small where its exact value is huge")
 
         ours = g.time_answer(lambda: student(q, k, v, do, lse, delta, dq, False), check=check)
         cfg = fa.bwd_config(q, False)[1]

@@ -106,13 +106,14 @@ def spec(rw: list[str], package_root: str) -> dict:
 
 
 def _shareable(path: str, package_root: str) -> bool:
-    """A folder the sandbox may show read-only: not the root, /tmp or a home, and not one that holds the
-    course (and so `solutions/`)."""
+    """A folder the sandbox may show read-only: not the root, /tmp or a home, and no folder of the course's
+    own: not one that holds it (and so `solutions/`), not one inside it (the package and a venv there are
+    shown on their own)."""
     course = os.path.realpath(package_root)
     homes = {os.path.realpath(os.path.expanduser("~")), "/", "/home", "/root", "/tmp"}
     if not os.path.isdir(path) or path in homes:
         return False
-    return not (course == path or course.startswith(path + os.sep))
+    return not (course == path or course.startswith(path + os.sep) or path.startswith(course + os.sep))
 
 
 def toolchain_dirs(package_root: str) -> list[str]:
