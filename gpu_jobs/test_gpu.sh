@@ -10,6 +10,7 @@ mkdir -p "$dest"
 start=$SECONDS
 # A cut-off run has no summary: its failures are the "[gwN] [ x%] FAILED ..." lines of -v.
 failures() { grep -E "FAILED|ERROR|passed|failed" "$1" | grep -v PASSED | tail -25; }
+export LABKERNELS_FAILURE_LOG="$dest/failures.log"  # each unit test failure's traceback, as it happens
 if [ "${PART:-all}" != notebooks ]; then
 (
   timeout "${SANITIZE_TIMEOUT_S:-420}" python -m pytest -q -s -p no:cacheprovider tests/test_sanitizer.py \

@@ -225,3 +225,22 @@ def test_every_notebook_stores_the_kernelspec_jupyterlab_will_run():
     ]
     assert not wrong, f"stored kernelspec differs from {KERNELSPEC}: {wrong}"
     assert 'nb.metadata["kernelspec"] = dict(KERNELSPEC)' in (ROOT / "labkernels" / "cli.py").read_text()
+
+
+def test_a_failure_is_logged_as_it_happens(tmp_path, monkeypatch):
+    """A GPU job cut off by its time limit printed no tracebacks (pytest prints them at the end): the suite's
+    hook writes each failure when it happens, where LABKERNELS_FAILURE_LOG says."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("suite_hooks", ROOT / "tests" / "conftest.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    log = tmp_path / "failures.log"
+    monkeypatch.setenv("LABKERNELS_FAILURE_LOG", str(log))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    passed = SimpleNamespace(failed=False, nodeid="t::ok", when="call", longreprtext="")
+    failed = SimpleNamespace(failed=True, nodeid="t::bad", when="call", longreprtext="AssertionError: 1 != 2")
+    hooks.pytest_runtest_logreport(passed)
+    hooks.pytest_runtest_logreport(failed)
+    assert log.read_text() == "=== t::bad (call)\nAssertionError: 1 != 2\n\n"
