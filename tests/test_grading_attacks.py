@@ -105,6 +105,15 @@ def test_cpp_exercises_refuse_torch_ops_and_python_kernels():
     _zero("1.3", A.register_relu_sq_in_python, "registered from Python")
 
 
+def test_a_kernel_that_only_the_interpreter_runs_is_refused():
+    """Issue 42: under TRITON_INTERPRET=1 a kernel's body runs as Python, so host Python inside it passed the
+    CPU lane (3/3); each launch is now also compiled for an sm_90 target. On a GPU its launch fails."""
+    rec = grade("T.1", A.twice_plus_one_with_host_python)
+    assert rec["earned"] == 0, format_record(rec)
+    if not labkernels.on_gpu():
+        assert "does not compile for a GPU" in format_record(rec), format_record(rec)
+
+
 # --- issue 42: weak cases ----------------------------------------------------------------------------------
 
 

@@ -155,6 +155,7 @@ class Worker:
         recorder = self.guard.AtenRecorder() if requires else None
         self.launches.launches.clear()
         self.launches.codes.clear()
+        self.launches.interpreted.clear()
         self.launches.active = True
         try:
             with self.forbidden:
@@ -170,6 +171,9 @@ class Worker:
         self.forbidden.check_kernels(self.launches.codes)
         if self.forbidden.called:
             return {"status": "refused", "reason": self.forbidden.verdict()}
+        why = self.launches.not_compiling()  # any exercise: a launched kernel must be a kernel
+        if why:
+            return {"status": "refused", "reason": why}
         moved = [i for i, t in enumerate(tensors) if view_meta(t) != before[i]]
         if moved:
             return {

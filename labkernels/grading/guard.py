@@ -81,6 +81,8 @@ class TritonLaunches:
     def __init__(self):
         self.launches: list[tuple[str, str]] = []
         self.codes: list = []  # the launched kernels' Python code objects (ForbiddenCalls.check_kernels)
+        self.interpreted: dict[tuple, tuple] = {}  # interpreter launches to compile (`not_compiling`)
+        self._compiled: dict[tuple, str | None] = {}
         self.active = False
 
     def install(self) -> None:
@@ -105,10 +107,98 @@ class TritonLaunches:
                     self.launches.append((module, getattr(fn, "__name__", "?")))
                     if hasattr(fn, "__code__"):
                         self.codes.append(fn.__code__)
+                    if type(fn_self).__name__ == "InterpretedFunction":
+                        self._record_interpreted(fn_self, args, kwargs)
                 return _original(fn_self, *args, **kwargs)
 
             run._labkernels_wrapped = True
             cls.run = run
+
+    # --- the CPU lane: an interpreted kernel must still be a kernel ----------------------------------------
+    # Under TRITON_INTERPRET=1 a kernel's body runs as Python, so host Python inside it (an import, a call of
+    # torch or numpy) works there and nowhere else. Each distinct launch is compiled for an sm_90 target
+    # (no GPU needed): Triton's front end refuses what a GPU could not run.
+
+    LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+    def _record_interpreted(self, fn_self, args, kwargs) -> None:
+        try:
+            import inspect
+
+            from triton.runtime.jit import mangle_type
+
+            params = inspect.signature(fn_self.fn).parameters
+            bound = dict(zip(params, args, strict=False)) | {k: v for k, v in kwargs.items() if k in params}
+            for name, param in params.items():
+                if name not in bound and param.default is not inspect.Parameter.empty:
+                    bound[name] = param.default
+            constexprs = {n: v for n, v in bound.items() if _is_constexpr(fn_self.fn, n)}
+            types = {n: "constexpr" if n in constexprs else mangle_type(v) for n, v in bound.items()}
+            constexprs |= {n: bound[n] for n, t in types.items() if t == "constexpr"}  # None: a constant
+            options = {k: kwargs[k] for k in self.LAUNCH_OPTIONS if kwargs.get(k) is not None}
+            key = (id(fn_self), tuple(types.items()), repr(sorted(constexprs.items())), repr(options))
+        except Exception:  # noqa: BLE001  (a launch this cannot describe is not checked, never refused)
+            return
+        self.interpreted.setdefault(key, (fn_self, types, constexprs, options))
+
+    def not_compiling(self) -> str | None:
+        """Why a kernel launched under the interpreter does not compile for a GPU, or None."""
+        for key, (fn_self, types, constexprs, options) in self.interpreted.items():
+            if key not in self._compiled:
+                self._compiled[key] = _compile_error(fn_self, types, constexprs, options)
+            if self._compiled[key]:
+                return (
+                    f"your kernel {fn_self.fn.__name__} does not compile for a GPU: {self._compiled[key]} "
+                    "(the interpreter runs a kernel's body as Python; Triton's compiler does not)"
+                )
+        return None
+
+
+def _is_constexpr(fn, name: str) -> bool:
+    annotation = fn.__annotations__.get(name)
+    return annotation is not None and "constexpr" in str(getattr(annotation, "__name__", annotation))
+
+
+def _as_jit(interpreted, made: dict):
+    """A JITFunction for an interpreted kernel, the @jit helpers it calls made JITFunctions too (their
+    globals hold interpreted functions)."""
+    import types
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if id(interpreted) in made:
+        return made[id(interpreted)]
+    fn = interpreted.fn
+    scope = dict(fn.__globals__)
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__module__, copy.__qualname__ = fn.__module__, fn.__qualname__
+    copy.__annotations__, copy.__doc__ = fn.__annotations__, fn.__doc__
+    made[id(interpreted)] = jit = JITFunction(copy)
+    for name in fn.__code__.co_names:
+        if isinstance(scope.get(name), InterpretedFunction):
+            scope[name] = _as_jit(scope[name], made)
+    return jit
+
+
+def _compile_error(interpreted, types: dict, constexprs: dict, options: dict) -> str | None:
+    """The first line of Triton's error for a language construct no kernel can hold, compiling this launch
+    for an sm_90 target; else None. Only that error refuses: other compile errors here also came from
+    kernels that compile and run on the H200 (the course's solutions), so they may be this check's own."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.errors import UnsupportedLanguageConstruct
+
+    try:
+        source = ASTSource(fn=_as_jit(interpreted, {}), signature=types, constexprs=constexprs)
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    except UnsupportedLanguageConstruct as e:  # Python no kernel can hold: an import, a with, a try, ...
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        return lines[-1].strip()[:200] if lines else type(e).__name__
+    except Exception:  # noqa: BLE001  (other failures here may be this check's, not the kernel's)
+        return None
+    return None
 
 
 # --- what a learner's C++ library calls: its undefined dynamic symbols --------------------------------------

@@ -14,6 +14,21 @@ def _twice_plus_one_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
 
 
+@triton.jit
+def _twice_plus_one_host_python(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    import math  # noqa: F401  (host Python: the interpreter runs it, Triton's compiler refuses it)
+
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def twice_plus_one_with_host_python(x, out):
+    """T.1 by a kernel whose body holds host Python (an import): right under the interpreter, and a kernel
+    that no GPU compiler accepts."""
+    _twice_plus_one_host_python[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK)
+
+
 def forge_results_and_exit(x, out):
     """Writes pass records into the results file the grading child reads, then exits non-zero."""
     import json
