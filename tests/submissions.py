@@ -89,11 +89,8 @@ def kills(pid):
 # --- answers that call the course's own answer key (exercises registered with `forbids`) --------------------
 
 
-def read_program_with_the_course_reader(code):
-    """Exercise 5.3 answered by labkernels.ch05_fusion.inductor, reached through the package's attributes."""
-    import labkernels.ch05_fusion.inductor
-
-    reader = labkernels.ch05_fusion.inductor
+def _answer_5_3_with(reader, code):
+    """5.3's answer read off a program by `reader` (the course's reader module, or a copy of it)."""
     found = {}
     for kernel in reader.kernels(code):
         if kernel.name.startswith("triton_"):
@@ -104,6 +101,14 @@ def read_program_with_the_course_reader(code):
                 "stores": source.count("tl.store("),
             }
     return found
+
+
+def read_program_with_the_course_reader(code):
+    """Exercise 5.3 answered by labkernels.ch05_fusion.inductor, reached through the package's attributes."""
+    import labkernels.ch05_fusion.inductor
+
+    reader = labkernels.ch05_fusion.inductor
+    return _answer_5_3_with(reader, code)
 
 
 def read_program_after_switching_off_the_hook(code):
@@ -113,16 +118,7 @@ def read_program_after_switching_off_the_hook(code):
     sys.setprofile(None)
     import labkernels.ch05_fusion.inductor as reader
 
-    found = {}
-    for kernel in reader.kernels(code):
-        if kernel.name.startswith("triton_"):
-            source = reader.kernel_source(code, kernel.name)
-            found[kernel.name] = {
-                "ops": list(kernel.ops),
-                "loads": source.count("tl.load("),
-                "stores": source.count("tl.store("),
-            }
-    return found
+    return _answer_5_3_with(reader, code)
 
 
 def read_program_in_a_thread(code):
@@ -134,14 +130,7 @@ def read_program_in_a_thread(code):
     def read():
         import labkernels.ch05_fusion.inductor as reader
 
-        for kernel in reader.kernels(code):
-            if kernel.name.startswith("triton_"):
-                source = reader.kernel_source(code, kernel.name)
-                found[kernel.name] = {
-                    "ops": list(kernel.ops),
-                    "loads": source.count("tl.load("),
-                    "stores": source.count("tl.store("),
-                }
+        found.update(_answer_5_3_with(reader, code))
 
     thread = threading.Thread(target=read)
     thread.start()
@@ -160,16 +149,7 @@ def read_program_with_a_copy_of_the_course_reader(code):
     mine = sys.modules["my_reader"] = types.ModuleType("my_reader")  # dataclasses look their module up
     with open(origin) as f:
         exec(compile(f.read(), "my_reader.py", "exec"), mine.__dict__)
-    found = {}
-    for kernel in mine.kernels(code):
-        if kernel.name.startswith("triton_"):
-            source = mine.kernel_source(code, kernel.name)
-            found[kernel.name] = {
-                "ops": list(kernel.ops),
-                "loads": source.count("tl.load("),
-                "stores": source.count("tl.store("),
-            }
-    return found
+    return _answer_5_3_with(mine, code)
 
 
 def softmax_by_a_copy_of_the_course_kernel(x, out):
