@@ -112,21 +112,33 @@ def _qkv(batch, heads, seq, head_dim, dtype):
     return [torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=dtype) for _ in range(3)]
 
 
+def _sdpa(q, k, v, causal, sm_scale=None):
+    """torch's SDPA in the inputs' dtype, for any shapes flash_attention takes: k and v repeated for grouped
+    heads, the causal mask at the bottom right as a boolean mask; rows that see no key are 0, not NaN."""
+    from labkernels.ch06_attention.naive import _causal_keep, _expand_heads
+
+    k, v = _expand_heads(q, k), _expand_heads(q, v)
+    same = q.shape[-2] == k.shape[-2]
+    mask = _causal_keep(q, k) if causal and not same else None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and same, scale=sm_scale)
+    return out.nan_to_num(0.0)
+
+
 def _check_attention(q, k, v, causal, sm_scale=None):
     """fp32 (interpreter): a fixed tolerance vs float64. fp16/bf16: the kernel's error at most twice SDPA's
     own error vs float64, plus a small atol (flash-attention's tests do the same)."""
     want = reference(q, k, v, causal, sm_scale)
     o, lse = flash_attention_with_lse(q, k, v, causal, sm_scale)
     assert not torch.isnan(o).any(), "rows never written"
-    torch.testing.assert_close(
-        lse.double(), logsumexp_reference(q, k, causal, sm_scale), atol=1e-4, rtol=1e-4
-    )
+    want_lse = logsumexp_reference(q, k, causal, sm_scale)
+    assert torch.equal(lse.isinf(), want_lse.isinf()), "-inf exactly for the rows that see no key"
+    seen = want_lse.isfinite()
+    torch.testing.assert_close(lse.double()[seen], want_lse[seen], atol=1e-4, rtol=1e-4)
     err = (o.double() - want).abs().max().item()
     if q.dtype == torch.float32:
         assert err <= 1e-5, err
         return
-    torch_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale)
-    err_torch = (torch_out.double() - want).abs().max().item()
+    err_torch = (_sdpa(q, k, v, causal, sm_scale).double() - want).abs().max().item()
     if not math.isfinite(err_torch):  # SDPA's fused kernels give NaN for a negative scale (H200, torch 2.11)
         assert err <= 2e-2, (err, err_torch)
         return
@@ -170,16 +182,100 @@ def test_flash_attention_bad_inputs():
         flash_attention(q, k.to(torch.float16 if q.dtype != torch.float16 else torch.bfloat16), v)
     with pytest.raises(ValueError, match=r"\(B, H, N, D\)"):
         flash_attention(q[0], k[0], v[0])
-    with pytest.raises(ValueError, match="one shape"):
+    with pytest.raises(ValueError, match="k and v must have one shape"):
         flash_attention(q, k[:, :, :4], v)
-    with pytest.raises(ValueError, match="head dim"):
-        flash_attention(*_qkv(1, 1, 8, 48, ATTN_DTYPES[0]))
+    with pytest.raises(ValueError, match="share batch and head dim"):
+        flash_attention(q, k[..., :32], v[..., :32])
+    with pytest.raises(ValueError, match="share batch and head dim"):
+        flash_attention(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
+    q3 = torch.randn(1, 3, 8, 64, device=DEVICE, dtype=q.dtype)
+    with pytest.raises(ValueError, match="multiple of k's"):
+        flash_attention(q3, *(torch.randn(1, 2, 8, 64, device=DEVICE, dtype=q.dtype) for _ in range(2)))
+    with pytest.raises(ValueError, match="head dim 300"):
+        flash_attention(*_qkv(1, 1, 8, 300, ATTN_DTYPES[0]))
     with pytest.raises(ValueError, match="contiguous"):
         flash_attention(*(t.transpose(2, 3) for t in _qkv(1, 1, 64, 64, ATTN_DTYPES[0])))
     with pytest.raises(ValueError, match="is on meta"):
         flash_attention(*(torch.empty(1, 1, 8, 64, device="meta") for _ in range(3)))
     with pytest.raises(ValueError, match="empty"):
         flash_attention(*_qkv(1, 0, 8, 64, ATTN_DTYPES[0]))
+    with pytest.raises(ValueError, match="empty"):
+        flash_attention(q, k[:, :, :0], v[:, :, :0])
+
+
+# --- the kernel a user calls: other lengths, grouped heads, any head dim (as public suites test it) -------
+
+Q_LENGTHS, KV_LENGTHS = (11, 17, 67, 257, 1033), (13, 31, 71, 337, 1063)
+ODD_HEAD_DIMS = (48, 80, 96, 160, 192, 224)
+HEAD_GROUPS = ((4, 4), (8, 2), (4, 1))  # (Hq, Hkv): one head each, grouped-query, multi-query
+
+
+def _general_cases(head_dim):
+    """(Hq, Hkv, N_q, N_kv) cases: every length pair on the GPU; on the CPU lane the short ones, each head
+    grouping once, and the pairs swapped (more queries than keys: causal rows that see no key)."""
+    pairs = list(zip(Q_LENGTHS, KV_LENGTHS, strict=True))
+    if not ON_GPU:
+        pairs = pairs[:3]
+    pairs += [(n_kv, n_q) for n_q, n_kv in pairs[:2]]
+    return [(*HEAD_GROUPS[i % len(HEAD_GROUPS)], n_q, n_kv) for i, (n_q, n_kv) in enumerate(pairs)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [*ODD_HEAD_DIMS, 64, 256])
+def test_flash_attention_other_lengths_grouped_heads_any_head_dim(head_dim, causal):
+    dtype = ATTN_DTYPES[-1]
+    for heads, kv_heads, n_q, n_kv in _general_cases(head_dim):
+        q = torch.randn(1, heads, n_q, head_dim, device=DEVICE, dtype=dtype)
+        k, v = (torch.randn(1, kv_heads, n_kv, head_dim, device=DEVICE, dtype=dtype) for _ in range(2))
+        _check_attention(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [48, 96, 160, 256] if ON_GPU else [48, 160])
+def test_flash_attention_backward_other_lengths_grouped_heads_any_head_dim(head_dim, causal):
+    for heads, kv_heads, n_q, n_kv in _general_cases(head_dim):
+        _check_gradients(1, heads, n_q, head_dim, ATTN_DTYPES[-1], causal, kv_heads, n_kv)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_any_block_sizes_give_the_same_attention_and_gradients(causal):
+    """No block size has to divide another, nor N_kv - N_q: each stage's bounds are computed. Forward and
+    both backward kernels on blocks that do not nest, with the diagonal shifted by a non-multiple of them."""
+    dtype = ATTN_DTYPES[-1]
+    q = torch.randn(1, 4, 45, 80, device=DEVICE, dtype=dtype)
+    k, v, do = (torch.randn(1, 2, 70, 80, device=DEVICE, dtype=dtype) for _ in range(3))
+    do = torch.randn_like(q)
+    want = reference(q, k, v, causal)
+    o, lse = _poisoned(q.shape, dtype), torch.empty(1, 4, 45, device=DEVICE)
+    fa._launch(q, k, v, o, lse, 80**-0.5, causal, (16, 32, 4, 1, False))
+    torch.testing.assert_close(o.double(), want, atol=_attention_atol(q), rtol=0)
+    lse2, delta = (lse * fa.LOG2E).contiguous(), fa._delta(o, do)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    want_grads = torch.autograd.grad(reference(*exact, causal), exact, do.double())
+    dq, dk, dv = _poisoned(q.shape, dtype), _poisoned(k.shape, dtype), _poisoned(v.shape, dtype)
+    fa._bwd_launch(
+        fa._attn_bwd_dkdv_kernel, q, k, v, do, lse2, delta, (dk, dv), 80**-0.5, causal, (32, 16, 4, 1)
+    )
+    fa._bwd_launch(fa._attn_bwd_dq_kernel, q, k, v, do, lse2, delta, (dq,), 80**-0.5, causal, (16, 32, 4, 1))
+    for got, w in zip((dq, dk, dv), want_grads, strict=True):
+        torch.testing.assert_close(got.double(), w, atol=10 * _attention_atol(q), rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_tma_loads_with_grouped_heads_and_other_lengths(causal):
+    """TMA reads rows of the (B*Hkv*N_kv, D) view: key rows past N_kv are the next head's, masked."""
+    q = torch.randn(2, 4, 70, 64, device=DEVICE, dtype=ATTN_DTYPES[-1])
+    k, v = (torch.randn(2, 2, 45, 64, device=DEVICE, dtype=q.dtype) for _ in range(2))
+    o, lse = _poisoned(q.shape, q.dtype), torch.empty(2, 4, 70, device=DEVICE)
+    cfg = (64, 32, 4, 1, True) if not ON_GPU else (128, 64, 4, 3, True)
+    fa._launch(q, k, v, o, lse, 1 / 8, causal, cfg)
+    want = reference(q, k, v, causal)
+    err_torch = (
+        0.0 if q.dtype == torch.float32 else (_sdpa(q, k, v, causal).double() - want).abs().max().item()
+    )
+    assert (o.double() - want).abs().max().item() <= 2 * err_torch + (
+        1e-5 if q.dtype == torch.float32 else 1e-3
+    )
 
 
 def test_flash_attention_under_no_grad_accepts_grad_inputs():
@@ -188,10 +284,12 @@ def test_flash_attention_under_no_grad_accepts_grad_inputs():
         _check_attention(q, k, v, causal=True)
 
 
-def _check_gradients(batch, heads, seq, head_dim, dtype, causal):
+def _check_gradients(batch, heads, seq, head_dim, dtype, causal, kv_heads=None, kv_seq=None):
     """Gradients of flash_attention vs float64 autograd through the reference. fp32: a fixed tolerance;
     fp16/bf16: at most twice SDPA's own gradient error, plus a small atol."""
-    q, k, v = (t.requires_grad_() for t in _qkv(batch, heads, seq, head_dim, dtype))
+    q = torch.randn(batch, heads, seq, head_dim, device=DEVICE, dtype=dtype).requires_grad_()
+    kv_shape = (batch, kv_heads or heads, kv_seq or seq, head_dim)
+    k, v = (torch.randn(kv_shape, device=DEVICE, dtype=dtype).requires_grad_() for _ in range(2))
     grad = torch.randn_like(q)
     got = torch.autograd.grad(flash_attention(q, k, v, causal), (q, k, v), grad)
     exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
@@ -201,7 +299,7 @@ def _check_gradients(batch, heads, seq, head_dim, dtype, causal):
     if dtype == torch.float32:
         assert max(errors) <= 1e-4, errors
         return
-    theirs = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), grad)
+    theirs = torch.autograd.grad(_sdpa(q, k, v, causal), (q, k, v), grad)
     for name, err, t, w in zip("qkv", errors, theirs, want, strict=True):
         err_torch = (t.double() - w).abs().max().item()
         assert err <= 2 * err_torch + 1e-2, (name, err, err_torch)
@@ -219,16 +317,6 @@ def test_flash_attention_backward(seq, head_dim, causal, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attention_backward_large(causal):
     _check_gradients(2, 4, 1000, 64, torch.bfloat16, causal)
-
-
-def test_backward_configs_nest_their_blocks():
-    """dK/dV's loops start at its key block, dQ's end at its query block: each needs the other size to divide
-    its own, or the causal diagonal would be cut mid-block."""
-    assert all(n % m == 0 for m, n, _, _ in fa.BWD_DKDV_CONFIGS)
-    assert all(m % n == 0 for m, n, _, _ in fa.BWD_DQ_CONFIGS)
-    for head_dim in fa.HEAD_DIMS:
-        dkdv, dq = fa._bwd_default(head_dim)
-        assert dkdv[1] % dkdv[0] == 0 and dq[0] % dq[1] == 0
 
 
 @pytest.mark.gpu
@@ -269,12 +357,12 @@ def test_flash_attention_tma_loads(seq, causal):
     assert (o.double() - want).abs().max().item() <= atol
 
 
-def test_gpu_configs_fit_and_divide():
-    """Causal block skipping needs BLOCK_M to be a multiple of BLOCK_N; every D keeps some config."""
-    for block_m, block_n, *_ in fa.GPU_CONFIGS:
-        assert block_m % block_n == 0
-    for head_dim in fa.HEAD_DIMS:
-        assert any(fa._fits(c, head_dim, 2) for c in fa.GPU_CONFIGS)
+def test_every_head_dim_keeps_a_config_that_fits():
+    """Every D up to 256 has a forward config within the shared-memory and register budget, and the untuned
+    one fits too."""
+    for head_dim in range(1, fa.MAX_HEAD_DIM + 1):
+        assert any(fa._fits(c, head_dim, 2) for c in fa.GPU_CONFIGS), head_dim
+    assert all(fa._fits(c, 256, 2) for c in fa.LARGE_HEAD_CONFIGS)
 
 
 # --- traffic and bench -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ gradebook files that never overwrite or collide. Each attack of the issue the sa
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +31,8 @@ needs_sandbox = pytest.mark.skipif(
 # What a submission inside the sandbox can see and do, as a JSON dict (run by `_inside`).
 FACTS = r"""
 import json, os, socket
-facts = {"pid": os.getpid(), "home": os.listdir(os.environ["HOME"]), "root": sorted(os.listdir("/"))}
+facts = {"pid": os.getpid(), "parent": os.getppid(), "home": os.listdir(os.environ["HOME"])}
+facts["root"] = sorted(os.listdir("/"))
 facts["checkout"] = sorted(os.listdir(os.environ["CHECKOUT"]))
 facts["reference"] = open(os.path.join(os.environ["CHECKOUT"], "labkernels/grading/exercises_ch03.py")).read()
 facts["processes"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
@@ -64,7 +66,8 @@ def _inside(tmp_path: Path, code: str) -> dict:
 @needs_sandbox
 def test_inside_the_sandbox_the_machine_is_out_of_reach(tmp_path):
     facts = _inside(tmp_path, FACTS)
-    assert facts["pid"] == 1 and facts["processes"] == [1]  # its own PID namespace: no grader to attach to
+    # its own PID namespace: no grader to attach to, only the sandbox's init (PID 1) above it
+    assert (facts["parent"], facts["pid"], facts["processes"]) == (1, 2, [1, 2])
     assert facts["home"] == []  # a fresh, empty $HOME: no start-up file, no Jupyter runtime folder
     venv = [Path(sys.prefix).name] if Path(sys.prefix).parent == ROOT else []
     assert facts["checkout"] == sorted(["labkernels", *venv])  # no solutions/, tests/, exercises/
@@ -72,6 +75,22 @@ def test_inside_the_sandbox_the_machine_is_out_of_reach(tmp_path):
     assert facts["writable"] == []  # package, stdlib, /usr and the root: read-only
     assert facts["network"] != "connected"
     assert not (ROOT / "labkernels" / "planted.py").exists()
+
+
+@needs_sandbox
+@pytest.mark.parametrize("ending", ["os.abort()", "os.kill(os.getpid(), signal.SIGTERM)"])
+def test_a_process_in_the_sandbox_dies_of_its_own_signal(tmp_path, ending):
+    """As PID 1 of its namespace a process ignored the signals it sent itself: abort() ended in SIGSEGV (the
+    grader on the H200 reported a crashed answer as the wrong signal) and SIGTERM did nothing. Under the
+    sandbox's init it dies of its signal, reported as 128 + N."""
+    shared, root = tmp_path / "shared", tmp_path / "root"
+    shared.mkdir()
+    root.mkdir()
+    code = f"import os, signal, time; {ending}; time.sleep(30)"
+    cmd = isolation.prefix([str(shared)], PACKAGE_ROOT, str(root)) + [sys.executable, "-I", "-c", code]
+    proc = subprocess.run(cmd, cwd=shared, capture_output=True, text=True, timeout=60)
+    expected = signal.SIGABRT if "abort" in ending else signal.SIGTERM
+    assert proc.returncode == 128 + expected, (proc.returncode, proc.stderr)
 
 
 @needs_sandbox

@@ -9,6 +9,8 @@ Theta(N^2 d^2 / M) for SRAM size M); L2 serves most of the re-reads, so DRAM see
 once (`traffic.attention`). FLOPs 4 N^2 D, half that when causal.
 Causal: key blocks entirely above the diagonal are skipped; blocks entirely below it run unmasked; only the
 blocks crossing the diagonal are masked (a two-stage loop). Any N: the ragged last block is masked.
+The kernel a user calls: q and k/v of different lengths (the causal diagonal at the bottom right), grouped-
+and multi-query heads, any head dim up to 256 (padded to a power of two, masked).
 Also returned: the logsumexp of each row's scaled scores, (B, H, N) fp32, which the backward uses to recompute
 P block by block (two kernels: one for dK and dV per key block, one for dQ per query block, where
 FlashAttention-2 has one kernel that adds dQ with atomics; each masks only the diagonal and ragged blocks, and
@@ -27,7 +29,7 @@ import triton.language as tl
 from labkernels.ch06_attention.naive import naive_attention, reference  # noqa: F401  (one reference per op)
 from labkernels.lane import LANE, on_gpu, require_device
 
-HEAD_DIMS = (16, 32, 64, 128)
+MAX_HEAD_DIM = 256  # any D up to it; one that is not a power of two runs padded to the next (masked loads)
 GPU_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float16, torch.float32)  # the interpreter's bfloat16 is broken
 LOG2E = 1.4426950408889634
@@ -48,6 +50,15 @@ GPU_CONFIGS = [
     (128, 64, 8, 4, True),
     (128, 128, 8, 2, True),
 ]
+# Past D = 128 a 128-row fp32 accumulator no longer fits the registers: 64-row blocks (`_fits` keeps these).
+LARGE_HEAD_CONFIGS = [
+    (64, 64, 8, 2, False),
+    (64, 32, 4, 2, False),
+    (64, 64, 4, 2, False),
+    (64, 32, 8, 3, False),
+    (64, 64, 8, 2, True),
+]
+GPU_CONFIGS += LARGE_HEAD_CONFIGS
 
 
 @triton.jit
@@ -55,38 +66,42 @@ def _attn_fwd_inner(
     acc,
     l_i,
     m_i,
-    q,  # (BLOCK_M, HEAD_DIM), loaded once
-    k_src,  # (BLOCK_N, HEAD_DIM) pointers to the first key block, or (TMA) a descriptor of all rows of K
+    q,  # (BLOCK_M, BLOCK_D), loaded once
+    k_src,  # (BLOCK_N, BLOCK_D) pointers to the first key block, or (TMA) a descriptor of all rows of K
     v_src,
-    row0,  # TMA: this head's first row in the (B*H*N, D) view
+    kv_row0,  # TMA: this head's first key row in the (B*Hkv*N_kv, D) view
     stride_kn,
     stride_vn,
     offs_m,  # the program's query rows
     offs_n,  # 0..BLOCK_N
+    d_ok,  # (BLOCK_D,) columns that hold the head dim (all of them unless D is padded to a power of two)
     lo,
     hi,  # the key range [lo, hi) this stage visits
-    n_ctx,
+    n_kv,
+    shift,  # n_kv - n_q: causal row i sees keys j <= i + shift (the diagonal at the bottom right)
     qk_scale,  # sm_scale * log2(e): scores in base 2
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,  # diagonal or ragged blocks: mask keys past the diagonal and past n_ctx
+    MASKED: tl.constexpr,  # diagonal or ragged blocks: mask keys past the diagonal and past n_kv
     CAUSAL: tl.constexpr,
     TMA: tl.constexpr,  # load K and V blocks with Hopper's TMA unit instead of pointer loads
     NEGATIVE_SCALE: tl.constexpr,  # sm_scale < 0: the largest scaled score comes from the smallest qk
+    PAD_D: tl.constexpr,  # D is not a power of two: the columns past it are loaded as zeros
 ):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        if TMA:  # rows past n_ctx are the next head's (masked below) or zeros past the tensor's end
-            k = k_src.load([row0 + start_n, 0])  # read K block
-        elif MASKED:
-            k = tl.load(k_src + start_n * stride_kn, mask=cols[:, None] < n_ctx, other=0.0)  # read K block
+        load_ok = (cols[:, None] < n_kv) & d_ok[None, :]  # used only where MASKED or PAD_D
+        if TMA:  # rows past n_kv are the next head's (masked below) or zeros past the tensor's end
+            k = k_src.load([kv_row0 + start_n, 0])  # read K block
+        elif MASKED or PAD_D:
+            k = tl.load(k_src + start_n * stride_kn, mask=load_ok, other=0.0)  # read K block
         else:
             k = tl.load(k_src + start_n * stride_kn)
         qk = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) scores: registers only, never HBM
         if MASKED:
-            keep = cols[None, :] < n_ctx
+            keep = cols[None, :] < n_kv
             if CAUSAL:
-                keep = keep & (offs_m[:, None] >= cols[None, :])
+                keep = keep & (offs_m[:, None] + shift >= cols[None, :])
             # -inf, not a large negative number: no finite (or NaN) score of a hidden key can get through.
             qk = tl.where(keep, qk * qk_scale, -float("inf"))
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -105,9 +120,9 @@ def _attn_fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if TMA:
-            v = v_src.load([row0 + start_n, 0])  # read V block
-        elif MASKED:
-            v = tl.load(v_src + start_n * stride_vn, mask=cols[:, None] < n_ctx, other=0.0)  # read V block
+            v = v_src.load([kv_row0 + start_n, 0])  # read V block
+        elif MASKED or PAD_D:
+            v = tl.load(v_src + start_n * stride_vn, mask=load_ok, other=0.0)  # read V block
         else:
             v = tl.load(v_src + start_n * stride_vn)
         acc = tl.dot(p.to(v.dtype), v, acc)  # P V, accumulated in fp32
@@ -117,11 +132,11 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _attn_fwd_kernel(
-    q_ptr,
-    k_ptr,
+    q_ptr,  # (B, Hq, N_q, D)
+    k_ptr,  # (B, Hkv, N_kv, D): query head h reads key/value head h // (Hq / Hkv)
     v_ptr,
     o_ptr,
-    lse_ptr,  # (B, H, N) fp32, contiguous
+    lse_ptr,  # (B, Hq, N_q) fp32, contiguous
     stride_qb,
     stride_qh,
     stride_qm,
@@ -135,13 +150,16 @@ def _attn_fwd_kernel(
     stride_oh,
     stride_om,
     n_heads,
-    n_ctx,
+    n_kv_heads,
+    n_q,
+    n_kv,
     qk_scale,
     HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two (tl.arange and tl.dot need one)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
-    TMA: tl.constexpr,  # q_ptr, k_ptr, v_ptr are TMA descriptors of the (B*H*N, D) views
+    TMA: tl.constexpr,  # q_ptr, k_ptr, v_ptr are TMA descriptors of the (rows, D) views
     NEGATIVE_SCALE: tl.constexpr,
 ):
     # Causal: the last query blocks do the most work, so they start first (less idle tail).
@@ -152,56 +170,59 @@ def _attn_fwd_kernel(
     pid_bh = tl.program_id(1)
     b = (pid_bh // n_heads).to(tl.int64)  # 64-bit offsets: B*H*N*D may pass 2^31
     h = (pid_bh % n_heads).to(tl.int64)
+    h_kv = h // (n_heads // n_kv_heads)  # grouped-query heads share one key/value head
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    row_ok = offs_m < n_q
     if TMA:
-        row0 = pid_bh * n_ctx  # int32: the launcher allows TMA only while B*H*N < 2^31
-        q = q_ptr.load([row0 + pid_m * BLOCK_M, 0])  # read Q block, once
+        # int32 rows: the launcher allows TMA only while each view has fewer than 2^31 rows
+        kv_row0 = ((pid_bh // n_heads) * n_kv_heads + h_kv.to(tl.int32)) * n_kv
+        q = q_ptr.load([pid_bh * n_q + pid_m * BLOCK_M, 0])  # read Q block, once
         k_src = k_ptr
         v_src = v_ptr
     else:
-        row0 = 0
+        kv_row0 = 0
         q_ptrs = q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
-        k_src = k_ptr + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
-        v_src = v_ptr + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=offs_m[:, None] < n_ctx, other=0.0)  # read Q block, once
+        k_src = k_ptr + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_src = v_ptr + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # read Q block, once
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    shift = n_kv - n_q
     if CAUSAL:
-        # Stage 1: key blocks wholly below the diagonal, unmasked. Stage 2: the diagonal blocks, masked.
-        # Blocks above the diagonal are never visited (BLOCK_M is a multiple of BLOCK_N).
-        diag = pid_m * BLOCK_M
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
-            0, diag, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA, NEGATIVE_SCALE,
-        )  # fmt: skip
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
-            diag, tl.minimum(diag + BLOCK_M, n_ctx), n_ctx, qk_scale, BLOCK_N, True, CAUSAL, TMA,
-            NEGATIVE_SCALE,
-        )  # fmt: skip
+        # Keys [0, seen_by_all) are seen by every row of the block (row i sees keys <= i + shift): stage 1
+        # runs the whole blocks of them unmasked. Stage 2 masks the rest up to the last row's diagonal.
+        # Key blocks past the diagonal are never visited.
+        seen_by_all = tl.minimum(tl.maximum(pid_m * BLOCK_M + shift + 1, 0), n_kv)
+        unmasked_end = seen_by_all // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(pid_m * BLOCK_M + BLOCK_M + shift, 0), n_kv)
     else:
         # Stage 1: all whole key blocks, unmasked. Stage 2: the ragged last block (none if BLOCK_N divides N).
-        n_full = (n_ctx // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
-            0, n_full, n_ctx, qk_scale, BLOCK_N, False, CAUSAL, TMA, NEGATIVE_SCALE,
-        )  # fmt: skip
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, row0, stride_kn, stride_vn, offs_m, offs_n,
-            n_full, n_ctx, n_ctx, qk_scale, BLOCK_N, True, CAUSAL, TMA, NEGATIVE_SCALE,
-        )  # fmt: skip
+        unmasked_end = n_kv // BLOCK_N * BLOCK_N
+        hi = n_kv
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_src, v_src, kv_row0, stride_kn, stride_vn, offs_m, offs_n, d_ok,
+        0, unmasked_end, n_kv, shift, qk_scale, BLOCK_N, False, CAUSAL, TMA, NEGATIVE_SCALE,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_src, v_src, kv_row0, stride_kn, stride_vn, offs_m, offs_n, d_ok,
+        unmasked_end, hi, n_kv, shift, qk_scale, BLOCK_N, True, CAUSAL, TMA, NEGATIVE_SCALE,
+        BLOCK_D != HEAD_DIM,
+    )  # fmt: skip
 
-    # A row that saw no key (l = 0) gets O = 0 and logsumexp -inf, not 0 / 0.
-    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    row_ok = offs_m < n_ctx
-    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back from base 2 to natural log
-    tl.store(lse_ptr + pid_bh.to(tl.int64) * n_ctx + offs_m, lse, mask=row_ok)
+    # A row that saw no key (l = 0: causal, n_q > n_kv) gets O = 0 and logsumexp -inf, not 0 / 0.
+    seen = l_i > 0.0
+    acc = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453  # base 2 back to natural log
+    lse = tl.where(seen, lse, -float("inf"))
+    tl.store(lse_ptr + pid_bh.to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
     o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
-    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # write O block
+    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])  # write O block
 
 
 def forward_hbm_bytes(batch, heads, n_ctx, head_dim, dtype, block_m: int, causal: bool = False) -> int:
@@ -218,28 +239,42 @@ def forward_hbm_bytes(batch, heads, n_ctx, head_dim, dtype, block_m: int, causal
     return batch * heads * per_head
 
 
+def _block_d(head_dim: int) -> int:
+    """The head dim rounded up to a power of two of at least 16 (tl.arange's and tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 def _descriptors(q, k, v, block_m: int, block_n: int):
     """TMA descriptors of contiguous (B, H, N, D) tensors seen as (B*H*N, D): Q in BLOCK_M rows, K and V in
     BLOCK_N rows."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    rows, head_dim = q.numel() // q.shape[-1], q.shape[-1]
+    head_dim = q.shape[-1]
     blocks = (block_m, block_n, block_n)
     return tuple(
-        TensorDescriptor(t.view(rows, head_dim), [rows, head_dim], [head_dim, 1], [block, head_dim])
+        TensorDescriptor(
+            t.view(-1, head_dim), [t.numel() // head_dim, head_dim], [head_dim, 1], [block, head_dim]
+        )
         for t, block in zip((q, k, v), blocks, strict=True)
     )
 
 
 def _tma_ok(q, k, v) -> bool:
-    """TMA here needs contiguous inputs (one 2-D view per tensor) and row indices that fit int32."""
-    return all(t.is_contiguous() for t in (q, k, v)) and q.numel() // q.shape[-1] < 2**31
+    """TMA here needs contiguous inputs (one 2-D view per tensor), a head dim that is a power of two (a block
+    is all of it) and row indices that fit int32."""
+    head_dim = q.shape[-1]
+    return (
+        head_dim == _block_d(head_dim)
+        and all(t.is_contiguous() for t in (q, k, v))
+        and max(q.numel(), k.numel()) // head_dim < 2**31
+    )
 
 
 def _launch(q, k, v, o, lse, sm_scale: float, causal: bool, cfg: tuple) -> None:
-    batch, heads, n_ctx, head_dim = q.shape
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_kv = k.shape[1], k.shape[2]
     block_m, block_n, warps, stages, tma = cfg
-    grid = (triton.cdiv(n_ctx, block_m), batch * heads)
+    grid = (triton.cdiv(n_q, block_m), batch * heads)
     sources = _descriptors(q, k, v, block_m, block_n) if tma else (q, k, v)
     _attn_fwd_kernel[grid](
         *sources, o, lse,
@@ -247,17 +282,20 @@ def _launch(q, k, v, o, lse, sm_scale: float, causal: bool, cfg: tuple) -> None:
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
-        heads, n_ctx, sm_scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, TMA=tma,
-        NEGATIVE_SCALE=sm_scale < 0, num_warps=warps, num_stages=stages,
+        heads, kv_heads, n_q, n_kv, sm_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+        TMA=tma, NEGATIVE_SCALE=sm_scale < 0, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
 def _fits(cfg, head_dim: int, element_size: int) -> bool:
-    """Shared memory estimate: Q once, K and V per pipeline stage (H200: 227 KB per block)."""
-    block_m, block_n, _, stages, _ = cfg
-    smem = (block_m * head_dim + 2 * stages * block_n * head_dim) * element_size
-    return smem <= 200 * 1024 and not (head_dim <= 32 and block_n > 64)
+    """Shared memory estimate: Q once, K and V per pipeline stage (H200: 227 KB per block); and an fp32
+    accumulator of at most 128 registers a thread (past D = 128, only 64-row blocks)."""
+    block_m, block_n, warps, stages, _ = cfg
+    block_d = _block_d(head_dim)
+    smem = (block_m * block_d + 2 * stages * block_n * block_d) * element_size
+    registers = block_m * block_d // (32 * warps)
+    return smem <= 200 * 1024 and registers <= 128 and not (block_d <= 32 and block_n > 64)
 
 
 def _bench_ms(fn) -> float:
@@ -267,11 +305,12 @@ def _bench_ms(fn) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _tuned(batch, heads, n_bucket: int, head_dim: int, dtype: torch.dtype, causal: bool, tma: bool):
+def _tuned(heads: int, kv_heads: int, n_q: int, n_kv: int, head_dim: int, dtype, causal: bool, tma: bool):
     """The fastest config for a shape class, timed once on the GPU on fresh inputs of that class. A TMA config
     counts only if its output matches the first pointer config's."""
-    q, k, v = (torch.randn(batch, heads, n_bucket, head_dim, device="cuda", dtype=dtype) for _ in range(3))
-    o, lse = torch.empty_like(q), torch.empty(batch, heads, n_bucket, device="cuda")
+    q = torch.randn(1, heads, n_q, head_dim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(1, kv_heads, n_kv, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    o, lse = torch.empty_like(q), torch.empty(1, heads, n_q, device="cuda")
     times, errors, expected = {}, [], None
     for cfg in GPU_CONFIGS:
         if not _fits(cfg, head_dim, q.element_size()) or (cfg[4] and not tma):
@@ -293,16 +332,24 @@ def _tuned(batch, heads, n_bucket: int, head_dim: int, dtype: torch.dtype, causa
     return min(times, key=times.get)
 
 
+def _bucket(n: int) -> int:
+    return max(128, triton.next_power_of_2(n))
+
+
 def config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, TMA) that flash_attention launches for these inputs."""
     if LANE != "gpu":
         return (*CPU_BLOCKS, 4, 1, False)
-    batch, heads, n_ctx, head_dim = q.shape
-    if batch * heads * n_ctx < TUNE_FROM:  # too small to fill the GPU: a fixed config, no tuning cost
-        return GPU_CONFIGS[0] if head_dim <= 64 else GPU_CONFIGS[1]
-    # Tuned per power-of-two length (and batch*heads capped): one tuning run per shape class.
-    bh = min(batch * heads, 64)
-    return _tuned(1, bh, max(128, triton.next_power_of_2(n_ctx)), head_dim, q.dtype, causal, _tma_ok(q, k, v))
+    batch, heads, n_q, head_dim = q.shape
+    if batch * heads * n_q < TUNE_FROM:  # too small to fill the GPU: a fixed config, no tuning cost
+        return (
+            GPU_CONFIGS[0] if head_dim <= 64 else GPU_CONFIGS[1] if head_dim <= 128 else LARGE_HEAD_CONFIGS[0]
+        )
+    # Tuned per power-of-two length of q and of k (heads capped at 64): one tuning run per shape class.
+    group = heads // k.shape[1]
+    kv_heads = max(1, min(batch * heads, 64) // group)
+    n_q, n_kv = _bucket(n_q), _bucket(k.shape[2])
+    return _tuned(kv_heads * group, kv_heads, n_q, n_kv, head_dim, q.dtype, causal, _tma_ok(q, k, v))
 
 
 def _check(q, k, v) -> None:
@@ -316,58 +363,75 @@ def _check(q, k, v) -> None:
             raise TypeError(f"flash_attention: {name} has dtype {t.dtype}; this lane supports {names}")
         if t.stride(-1) != 1:
             raise ValueError(f"flash_attention: {name}'s last dim must be contiguous (strides {t.stride()})")
+        if t.numel() == 0:
+            raise ValueError(f"flash_attention: empty input, {name} has shape {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"flash_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.shape == k.shape == v.shape):
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if k.shape != v.shape:
+        raise ValueError(f"flash_attention: k and v must have one shape (B, Hkv, N_kv, D), got {shapes}")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"flash_attention: q, k and v must share batch and head dim (B and D), got {shapes}")
+    if q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"flash_attention: q, k, v must have one shape (B, H, N, D), got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            f"flash_attention: q's heads must be a multiple of k's and v's (grouped-query), got {shapes}"
         )
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"flash_attention: head dim {q.shape[-1]} not supported; supported: {HEAD_DIMS}")
-    if q.numel() == 0:
-        raise ValueError(f"flash_attention: empty input, shape {tuple(q.shape)}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"flash_attention: head dim {q.shape[-1]} not supported; supported: 1 to {MAX_HEAD_DIM}"
+        )
 
 
 @triton.jit
-def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, n_rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+def _attn_bwd_delta_kernel(
+    o_ptr, do_ptr, delta_ptr, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr
+):  # fmt: skip
     """delta = rowsum(dO * O) in fp32 per query row of contiguous (B*H*N, D) O and dO: read 2 N D, write N."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < n_rows
-    offs = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    o = tl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
-    tl.store(delta_ptr + rows, tl.sum(o * do, 1), mask=ok)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (rows < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    offs = rows[:, None] * HEAD_DIM + offs_d[None, :]
+    o = tl.load(o_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + rows, tl.sum(o * do, 1), mask=rows < n_rows)
 
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, head, bh, offs_n, offs_d, lo, hi, n_ctx, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, q_head, row0, offs_n, offs_d, lo, hi, n_q, n_kv, shift,
+    qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    PAD_D: tl.constexpr,
 ):  # fmt: skip
-    """Query blocks [lo, hi) against one key block: P^T recomputed from the saved logsumexp, then
-    dV += P^T dO and dK += dS^T Q with dS = P * (dP - delta). MASKED blocks (the diagonal, the ragged end)
-    load with masks and zero what the causal mask or the end hides; the others run without a mask."""
+    """Query blocks [lo, hi) of one query head against one key block: P^T recomputed from the saved
+    logsumexp, then dV += P^T dO and dK += dS^T Q with dS = P * (dP - delta). MASKED blocks (the diagonal,
+    the ragged end) load with masks and zero what the causal mask or the end hides; the others run without
+    a mask on the rows (the head dim's padding, if any, is always masked)."""
+    d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_offs = head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        q_offs = q_head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         if MASKED:
-            row_ok = offs_m < n_ctx
-            q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # read Q block
-            do = tl.load(do_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # read dO block
-            lse2 = tl.load(lse2_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(delta_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
+            row_ok = offs_m < n_q
+            ok = row_ok[:, None] & d_ok[None, :]
+            q = tl.load(q_ptr + q_offs, mask=ok, other=0.0)  # read Q block
+            do = tl.load(do_ptr + q_offs, mask=ok, other=0.0)  # read dO block
+            lse2 = tl.load(lse2_ptr + row0 + offs_m, mask=row_ok, other=0.0)
+            delta = tl.load(delta_ptr + row0 + offs_m, mask=row_ok, other=0.0)
         else:
-            q = tl.load(q_ptr + q_offs)
-            do = tl.load(do_ptr + q_offs)
-            lse2 = tl.load(lse2_ptr + bh * n_ctx + offs_m)
-            delta = tl.load(delta_ptr + bh * n_ctx + offs_m)
+            if PAD_D:
+                q = tl.load(q_ptr + q_offs, mask=d_ok[None, :], other=0.0)
+                do = tl.load(do_ptr + q_offs, mask=d_ok[None, :], other=0.0)
+            else:
+                q = tl.load(q_ptr + q_offs)
+                do = tl.load(do_ptr + q_offs)
+            lse2 = tl.load(lse2_ptr + row0 + offs_m)
+            delta = tl.load(delta_ptr + row0 + offs_m)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])  # P^T, (BLOCK_N, BLOCK_M)
         if MASKED:
-            keep = (offs_m[None, :] < n_ctx) & (offs_n[:, None] < n_ctx)
+            keep = (offs_m[None, :] < n_q) & (offs_n[:, None] < n_kv)
             if CAUSAL:
-                keep = keep & (offs_m[None, :] >= offs_n[:, None])
-            p_t = tl.where(keep, p_t, 0.0)
+                keep = keep & (offs_m[None, :] + shift >= offs_n[:, None])
+            p_t = tl.where(keep, p_t, 0.0)  # also a row that sees no key (logsumexp -inf, p_t = inf there)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])  # dS^T = P^T * (dP^T - delta)
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
@@ -376,67 +440,88 @@ def _attn_bwd_dkdv_inner(
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr,  # (B*H, N, D) contiguous; (B*H, N) fp32
-    n_ctx, sm_scale, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr,  # contiguous; lse2, delta (B, Hq, N_q)
+    n_heads, n_kv_heads, n_q, n_kv, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """One program per block of keys (BLOCK_N, a multiple of BLOCK_M): walks the query blocks that see them.
-    Non-causal: every whole query block unmasked, then the ragged last one masked. Causal: the query blocks
-    on the diagonal masked, the whole ones below it unmasked, the ragged last one masked; the blocks above
-    the diagonal never see these keys and are skipped."""
+    """One program per block of keys of one key/value head: walks the query blocks that see them, in every
+    query head of its group (grouped-query attention: dK and dV are sums over the group). Per query head:
+    the blocks on the causal diagonal masked, the whole ones below it unmasked, the ragged last one masked;
+    blocks that see none of these keys are skipped. Non-causal: every whole block unmasked, the ragged last
+    one masked."""
     pid_n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    head = bh * n_ctx * HEAD_DIM
+    bh_kv = tl.program_id(1).to(tl.int64)
+    group = n_heads // n_kv_heads
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    col_ok = offs_n < n_ctx
-    kv_offs = head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # read K block, once
-    v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # read V block, once
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    n_whole = n_ctx // BLOCK_M * BLOCK_M  # where the ragged last query block starts
-    lo = 0
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_ok = (offs_n < n_kv)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    kv_offs = bh_kv * n_kv * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(k_ptr + kv_offs, mask=kv_ok, other=0.0)  # read K block, once
+    v = tl.load(v_ptr + kv_offs, mask=kv_ok, other=0.0)  # read V block, once
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    shift = n_kv - n_q  # query row i sees keys j <= i + shift
+    q_whole = n_q // BLOCK_M * BLOCK_M  # where the ragged last query block starts
+    first, full_from = 0, 0
     if CAUSAL:
-        lo = tl.minimum(start_n + BLOCK_N, n_ctx)  # query rows from here on see every key of the block
+        first = (
+            tl.minimum(tl.maximum(start_n - shift, 0), n_q) // BLOCK_M * BLOCK_M
+        )  # the first row that sees a key
+        sees_all = tl.minimum(
+            tl.maximum(start_n + BLOCK_N - 1 - shift, 0), n_q
+        )  # rows from here see them all
+        full_from = tl.minimum(tl.cdiv(sees_all, BLOCK_M) * BLOCK_M, n_q)
+    b = bh_kv // n_kv_heads
+    for g in range(group):
+        bh_q = b * n_heads + (bh_kv % n_kv_heads) * group + g
+        q_head, row0 = bh_q * n_q * HEAD_DIM, bh_q * n_q
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, head, bh, offs_n, offs_d,
-            start_n, lo, n_ctx, qk_scale, HEAD_DIM, BLOCK_M, True, CAUSAL,
+            dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, q_head, row0, offs_n, offs_d,
+            first, full_from, n_q, n_kv, shift, qk_scale, HEAD_DIM, BLOCK_M, True, CAUSAL,
+            BLOCK_D != HEAD_DIM,
         )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, head, bh, offs_n, offs_d,
-        lo, n_whole, n_ctx, qk_scale, HEAD_DIM, BLOCK_M, False, CAUSAL,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, head, bh, offs_n, offs_d,
-        tl.maximum(lo, n_whole), n_ctx, n_ctx, qk_scale, HEAD_DIM, BLOCK_M, True, CAUSAL,
-    )  # fmt: skip
-    tl.store(dk_ptr + kv_offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=col_ok[:, None])
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, q_head, row0, offs_n, offs_d,
+            full_from, q_whole, n_q, n_kv, shift, qk_scale, HEAD_DIM, BLOCK_M, False, CAUSAL,
+            BLOCK_D != HEAD_DIM,
+        )  # fmt: skip
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptr, do_ptr, lse2_ptr, delta_ptr, q_head, row0, offs_n, offs_d,
+            tl.maximum(full_from, q_whole), n_q, n_q, n_kv, shift, qk_scale, HEAD_DIM, BLOCK_M, True, CAUSAL,
+            BLOCK_D != HEAD_DIM,
+        )  # fmt: skip
+    tl.store(dk_ptr + kv_offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_ok)
+    tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=kv_ok)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq, q, do, lse2, delta, k_ptr, v_ptr, head, offs_m, offs_d, lo, hi, n_ctx, qk_scale,
+    dq, q, do, lse2, delta, k_ptr, v_ptr, kv_head, offs_m, offs_d, lo, hi, n_q, n_kv, shift, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    PAD_D: tl.constexpr,
 ):  # fmt: skip
     """Key blocks [lo, hi) against one query block: dQ += dS K, masked as in `_attn_bwd_dkdv_inner`."""
+    d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kv_offs = head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        kv_offs = kv_head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
         if MASKED:
-            col_ok = offs_n < n_ctx
-            k = tl.load(k_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # read K block
-            v = tl.load(v_ptr + kv_offs, mask=col_ok[:, None], other=0.0)  # read V block
+            ok = (offs_n < n_kv)[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + kv_offs, mask=ok, other=0.0)  # read K block
+            v = tl.load(v_ptr + kv_offs, mask=ok, other=0.0)  # read V block
+        elif PAD_D:
+            k = tl.load(k_ptr + kv_offs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptr + kv_offs, mask=d_ok[None, :], other=0.0)
         else:
             k = tl.load(k_ptr + kv_offs)
             v = tl.load(v_ptr + kv_offs)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
-            keep = (offs_m[:, None] < n_ctx) & (offs_n[None, :] < n_ctx)
+            keep = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_kv)
             if CAUSAL:
-                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+                keep = keep & (offs_m[:, None] + shift >= offs_n[None, :])
             p = tl.where(keep, p, 0.0)
         ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
@@ -446,46 +531,55 @@ def _attn_bwd_dq_inner(
 @triton.jit
 def _attn_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, dq_ptr,
-    n_ctx, sm_scale, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    n_heads, n_kv_heads, n_q, n_kv, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """One program per block of queries (BLOCK_M, a multiple of BLOCK_N): walks the key blocks it sees.
-    Causal: the keys before the block unmasked, the diagonal masked. Non-causal: every whole key block
-    unmasked, the ragged last one masked."""
+    """One program per block of queries of one query head: walks the key blocks it sees, in its key/value
+    head. Causal: the keys every row sees unmasked, the rest up to the diagonal masked. Non-causal: every
+    whole key block unmasked, the ragged last one masked."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    head = bh * n_ctx * HEAD_DIM
+    bh_kv = bh // n_heads * n_kv_heads + bh % n_heads // (n_heads // n_kv_heads)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < n_ctx
-    q_offs = head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # read Q block, once
-    do = tl.load(do_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # read dO block, once
-    lse2 = tl.load(lse2_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
-    delta = tl.load(delta_ptr + bh * n_ctx + offs_m, mask=row_ok, other=0.0)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if CAUSAL:
-        unmasked_end = start_m  # keys before the block: every row of it sees them
-        masked_end = tl.minimum(start_m + BLOCK_M, n_ctx)  # later keys are hidden from every row
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < n_q
+    ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q_offs = bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=ok, other=0.0)  # read Q block, once
+    do = tl.load(do_ptr + q_offs, mask=ok, other=0.0)  # read dO block, once
+    lse2 = tl.load(lse2_ptr + bh * n_q + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(delta_ptr + bh * n_q + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    shift = n_kv - n_q
+    if CAUSAL:  # as the forward: keys [0, seen_by_all) are seen by every row of the block
+        seen_by_all = tl.minimum(tl.maximum(start_m + shift + 1, 0), n_kv)
+        unmasked_end = seen_by_all // BLOCK_N * BLOCK_N
+        masked_end = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), n_kv)
     else:
-        unmasked_end = n_ctx // BLOCK_N * BLOCK_N
-        masked_end = n_ctx
+        unmasked_end = n_kv // BLOCK_N * BLOCK_N
+        masked_end = n_kv
+    kv_head = bh_kv * n_kv * HEAD_DIM
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, k_ptr, v_ptr, head, offs_m, offs_d,
-        0, unmasked_end, n_ctx, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL,
+        dq, q, do, lse2, delta, k_ptr, v_ptr, kv_head, offs_m, offs_d,
+        0, unmasked_end, n_q, n_kv, shift, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL,
+        BLOCK_D != HEAD_DIM,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, k_ptr, v_ptr, head, offs_m, offs_d,
-        unmasked_end, masked_end, n_ctx, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL,
+        dq, q, do, lse2, delta, k_ptr, v_ptr, kv_head, offs_m, offs_d,
+        unmasked_end, masked_end, n_q, n_kv, shift, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL,
+        BLOCK_D != HEAD_DIM,
     )  # fmt: skip
-    tl.store(dq_ptr + q_offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(dq_ptr + q_offs, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
 
 # Backward configs, (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel. dK/dV: a program keeps a key block
-# and its two fp32 accumulators, and streams small query blocks (BLOCK_N a multiple of BLOCK_M); dQ the
-# other way round (BLOCK_M a multiple of BLOCK_N). Timed on the first call of a shape class, as the forward.
+# and its two fp32 accumulators, and streams small query blocks; dQ the other way round. Any pair of sizes
+# is correct (each stage's bounds are computed, not assumed aligned). Timed on the first call of a shape
+# class, as the forward; the first pair serves D > 128.
 BWD_DKDV_CONFIGS = [
+    (32, 32, 8, 2),
     (64, 64, 4, 3),
     (64, 64, 8, 3),
     (32, 64, 4, 3),
@@ -494,6 +588,7 @@ BWD_DKDV_CONFIGS = [
     (64, 128, 8, 3),
 ]
 BWD_DQ_CONFIGS = [
+    (64, 32, 8, 2),
     (64, 64, 4, 3),
     (64, 64, 8, 3),
     (64, 32, 4, 3),
@@ -507,18 +602,24 @@ def _bwd_default(head_dim: int) -> tuple[tuple, tuple]:
     """The untimed (dK/dV, dQ) configs: small inputs, and the reference the tuned ones are checked against."""
     if LANE != "gpu":
         return (*CPU_BLOCKS, 4, 1), (*CPU_BLOCKS, 4, 1)
+    if head_dim > 128:  # two fp32 accumulators of a key block in registers: 32-key blocks past D = 128
+        return (32, 32, 8, 2), (64, 32, 8, 2)
     cfg = (64, 64, 4, 3) if head_dim <= 64 else (64, 64, 8, 3)
     return cfg, cfg
 
 
 def _bwd_launch(kernel, q, k, v, do, lse2, delta, outs, sm_scale, causal, cfg) -> None:
-    """One of the two backward kernels over (B*H, N, D) contiguous tensors; outs: (dk, dv) or (dq,)."""
-    batch, heads, n_ctx, head_dim = q.shape
+    """One of the two backward kernels over contiguous (B, H, N, D) tensors; outs: (dk, dv) or (dq,)."""
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_kv = k.shape[1], k.shape[2]
     block_m, block_n, warps, stages = cfg
-    blocks = triton.cdiv(n_ctx, block_n if kernel is _attn_bwd_dkdv_kernel else block_m)
-    kernel[(blocks, batch * heads)](
-        q, k, v, do, lse2, delta, *outs, n_ctx, sm_scale, sm_scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+    if kernel is _attn_bwd_dkdv_kernel:
+        grid = (triton.cdiv(n_kv, block_n), batch * kv_heads)
+    else:
+        grid = (triton.cdiv(n_q, block_m), batch * heads)
+    kernel[grid](
+        q, k, v, do, lse2, delta, *outs, heads, kv_heads, n_q, n_kv, sm_scale, sm_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
@@ -528,12 +629,16 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool((got.float() - want.float()).abs().max() <= 2e-2 * want.float().abs().max() + 1e-3)
 
 
-def _fastest_bwd(kernel, configs, default, inputs: tuple, n_outs: int, causal: bool) -> tuple:
+def _fastest_bwd(kernel, configs, default, inputs: tuple, causal: bool) -> tuple:
     """The config of `kernel` with the least time on `inputs` (q, k, v, do, lse2, delta), among those whose
     result matches the default config's; the default if none does."""
-    q = inputs[0]
+    q, k = inputs[0], inputs[1]
     sm_scale = q.shape[-1] ** -0.5
-    outs = tuple(torch.empty_like(q) for _ in range(n_outs))
+    outs = (
+        (torch.empty_like(k), torch.empty_like(k))
+        if kernel is _attn_bwd_dkdv_kernel
+        else (torch.empty_like(q),)
+    )
     _bwd_launch(kernel, *inputs, outs, sm_scale, causal, default)
     expected = tuple(t.clone() for t in outs)
     times = {}
@@ -552,25 +657,29 @@ def _fastest_bwd(kernel, configs, default, inputs: tuple, n_outs: int, causal: b
 
 
 @functools.lru_cache(maxsize=256)
-def _tuned_bwd(bh: int, n_bucket: int, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple:
+def _tuned_bwd(heads: int, kv_heads: int, n_q: int, n_kv: int, head_dim: int, dtype, causal: bool) -> tuple:
     """The fastest (dK/dV, dQ) configs for a shape class, timed on fresh inputs of that class."""
-    q, k, v, do = (torch.randn(1, bh, n_bucket, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+    q, do = (torch.randn(1, heads, n_q, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(1, kv_heads, n_kv, head_dim, device="cuda", dtype=dtype) for _ in range(2))
     o, lse = _forward(q, k, v, causal, head_dim**-0.5)
     inputs = (q, k, v, do, (lse * LOG2E).contiguous(), _delta(o, do))
     dkdv_default, dq_default = _bwd_default(head_dim)
-    dkdv = _fastest_bwd(_attn_bwd_dkdv_kernel, BWD_DKDV_CONFIGS, dkdv_default, inputs, 2, causal)
-    dq = _fastest_bwd(_attn_bwd_dq_kernel, BWD_DQ_CONFIGS, dq_default, inputs, 1, causal)
+    dkdv = _fastest_bwd(_attn_bwd_dkdv_kernel, BWD_DKDV_CONFIGS, dkdv_default, inputs, causal)
+    dq = _fastest_bwd(_attn_bwd_dq_kernel, BWD_DQ_CONFIGS, dq_default, inputs, causal)
     return dkdv, dq
 
 
-def bwd_config(q: torch.Tensor, causal: bool) -> tuple[tuple, tuple]:
+def bwd_config(q: torch.Tensor, causal: bool, k: torch.Tensor | None = None) -> tuple[tuple, tuple]:
     """((BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, the same of the dQ kernel) that the
-    backward launches for q's shape: fixed for small inputs, timed once per shape class on the GPU."""
-    batch, heads, n_ctx, head_dim = q.shape
-    if LANE != "gpu" or batch * heads * n_ctx < TUNE_FROM:
+    backward launches for q (and k: q's shape if not given): fixed for small inputs, timed once per shape
+    class on the GPU."""
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_kv = (heads, n_q) if k is None else (k.shape[1], k.shape[2])
+    if LANE != "gpu" or batch * heads * n_q < TUNE_FROM:
         return _bwd_default(head_dim)
-    bh = min(batch * heads, 64)
-    return _tuned_bwd(bh, max(128, triton.next_power_of_2(n_ctx)), head_dim, q.dtype, causal)
+    group = heads // kv_heads
+    kv_heads = max(1, min(batch * heads, 64) // group)
+    return _tuned_bwd(kv_heads * group, kv_heads, _bucket(n_q), _bucket(n_kv), head_dim, q.dtype, causal)
 
 
 def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
@@ -580,7 +689,9 @@ def _delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     n_rows = batch * heads * n_ctx
     block = 64 if LANE == "gpu" else 128
     grid = (triton.cdiv(n_rows, block),)
-    _attn_bwd_delta_kernel[grid](o, do, delta, n_rows, HEAD_DIM=head_dim, BLOCK=block)  # read 2 N D, write N
+    _attn_bwd_delta_kernel[grid](  # read 2 N D, write N
+        o, do, delta, n_rows, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim), BLOCK=block
+    )
     return delta
 
 
@@ -590,16 +701,16 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
     delta = _delta(o, do)  # read 2 N D, write N per head
     lse2 = (lse * LOG2E).contiguous()  # the logsumexp in base 2, as the kernels' scores are
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dkdv_cfg, dq_cfg = bwd_config(q, causal)
+    dkdv_cfg, dq_cfg = bwd_config(q, causal, k)
     _bwd_launch(_attn_bwd_dkdv_kernel, q, k, v, do, lse2, delta, (dk, dv), sm_scale, causal, dkdv_cfg)
     _bwd_launch(_attn_bwd_dq_kernel, q, k, v, do, lse2, delta, (dq,), sm_scale, causal, dq_cfg)
     return dq, dk, dv
 
 
 def _forward(q, k, v, causal: bool, sm_scale: float):
-    batch, heads, n_ctx, _ = q.shape
+    batch, heads, n_q, _ = q.shape
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    lse = torch.empty(batch, heads, n_ctx, device=q.device, dtype=torch.float32)
+    lse = torch.empty(batch, heads, n_q, device=q.device, dtype=torch.float32)
     _launch(q, k, v, o, lse, sm_scale, causal, config(q, k, v, causal))
     return o, lse
 
@@ -625,7 +736,7 @@ class _FlashAttention(torch.autograd.Function):
 
 
 def flash_attention_with_lse(q, k, v, causal: bool = False, sm_scale: float | None = None):
-    """(O, logsumexp): O (B, H, N, D) in q's dtype, logsumexp (B, H, N) fp32 of the scaled scores.
+    """(O, logsumexp): O (B, Hq, N_q, D) in q's dtype, logsumexp (B, Hq, N_q) fp32 of the scaled scores.
     Inputs that require grad get a backward through torch.autograd (the logsumexp has no gradient)."""
     _check(q, k, v)
     if not isinstance(causal, bool):
@@ -641,7 +752,16 @@ def flash_attention_with_lse(q, k, v, causal: bool = False, sm_scale: float | No
 
 
 def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None) -> torch.Tensor:
-    """softmax(Q K^T * sm_scale [causal mask]) V for (B, H, N, D) tensors; sm_scale (any sign) defaults to
-    1/sqrt(D). Masked scores are -inf: a hidden key's score, however large or NaN, never reaches a row.
+    """softmax(Q K^T * sm_scale [causal mask]) V for q (B, Hq, N_q, D) and k, v (B, Hkv, N_kv, D).
+
+    - Grouped-query attention: Hq a multiple of Hkv; query head h reads key/value head h // (Hq / Hkv)
+      (Hkv = 1: multi-query).
+    - N_q and N_kv may differ. Causal masks align at the bottom right, as FlashAttention-2 and SDPA's
+      `causal_lower_right` do: query row i sees keys j <= i + N_kv - N_q. A row that sees no key (causal,
+      N_q > N_kv) gets O = 0 and logsumexp -inf.
+    - Any head dim D up to 256: one that is not a power of two runs padded to the next, masked.
+    - sm_scale (any sign) defaults to 1/sqrt(D). Masked scores are -inf: a hidden key's score, however large
+      or NaN, never reaches a row.
+
     Inputs that require grad get a first-order backward; second-order gradients raise."""
     return flash_attention_with_lse(q, k, v, causal, sm_scale)[0]

@@ -14,7 +14,8 @@ PID, network and IPC namespaces; it builds a root from an allow-list, pivots int
 - the compiler caches (torch extensions, Triton) as overlays: the instructor's builds are reused, what the
   learner writes lands in memory and is never seen by anyone else;
 - its own PID namespace (the grader, other students, Jupyter servers: invisible, so nothing to attach to or
-  signal; when its first process dies the kernel kills the rest) and a network with no interface up.
+  signal), argv its PID 2 under a small init (`_init`): when argv ends, the namespace ends; and a network
+  with no interface up.
 
 Its mounts are made by "root" of the first user namespace; the learner's code then runs in a second one, so
 it can neither unmount nor remount them (the kernel locks mounts inherited from a more privileged namespace).
@@ -36,7 +37,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
 CLONE_NEWUSER = 0x10000000
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 NAMESPACES = ["--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--fork", "--kill-child"]
@@ -197,16 +198,18 @@ def why_unavailable(package_root: str) -> str | None:
             root, shared = os.path.join(tmp, "root"), os.path.join(tmp, "shared")
             os.mkdir(root)
             os.mkdir(shared)
-            check = "import os; open('ok', 'w').write(str(os.getpid()))"
+            check = "import os; open('ok', 'w').write(f'{os.getppid()} {os.getpid()}')"
             try:
                 cmd = prefix([shared], package_root, root) + [sys.executable, "-I", "-c", check]
                 proc = subprocess.run(cmd, cwd=shared, capture_output=True, text=True, timeout=60)
             except (Unavailable, OSError, subprocess.SubprocessError) as e:
                 _probed[package_root] = str(e)
                 return _probed[package_root]
-            ok = os.path.exists(os.path.join(shared, "ok")) and open(os.path.join(shared, "ok")).read() == "1"
+            found = os.path.join(shared, "ok")
+            ok = os.path.exists(found) and open(found).read() == "1 2"  # PID 2, under the sandbox's init
             last = (proc.stderr.strip().splitlines() or ["no error message"])[-1]
-            _probed[package_root] = None if ok else f"a sandboxed process did not start as PID 1: {last}"
+            why = f"a sandboxed process did not start in a PID namespace of its own: {last}"
+            _probed[package_root] = None if ok else why
     return _probed[package_root]
 
 
@@ -339,7 +342,31 @@ def enter(body: dict, argv: list[str]) -> None:
         "JUPYTER_RUNTIME_DIR",
     ):
         env.pop(var, None)  # folders of the instructor's, not visible here
-    os.execvpe(argv[0], argv, env)
+    # A pid of the grader's namespace, meaningless here: with it ipykernel watches its parent, sees PID 1
+    # (the init below) and exits at once, as a kernel whose launcher died would.
+    env.pop("JPY_PARENT_PID", None)
+    _init(argv, env)
+
+
+def _init(argv: list[str], env: dict) -> None:
+    """PID 1 of the namespace: runs argv as its child, reaps orphans, ends with the child's status. Never
+    returns. argv is not PID 1 itself because PID 1 ignores every signal it has no handler for, those it
+    sends itself included: as PID 1 an answer's abort() ended in SIGSEGV, not SIGABRT, and a SIGTERM it sent
+    itself did nothing (what `docker run --init` fixes the same way). A child killed by signal N is reported
+    as exit code 128 + N, as a shell does: PID 1 cannot end itself with a signal."""
+    pid = os.fork()
+    if pid == 0:
+        os.execvpe(argv[0], argv, env)
+    os.closerange(3, 4096)  # the grader's pipes: the child alone holds them, so its death reads as EOF
+    _sys("prctl", PR_SET_DUMPABLE, 0)  # no process here may attach to this one
+    while True:
+        try:
+            done, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if done == pid:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)  # then the kernel ends the namespace's orphans
 
 
 if __name__ == "__main__":

@@ -50,6 +50,13 @@ _WORKER_MAIN = (
 )
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 class Student:
     def __init__(
         self,
@@ -71,6 +78,7 @@ class Student:
         self._proc: subprocess.Popen | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._restarts = 0
+        self._under_init = False
         self._capture: list | None = None
         self.load_error: str | None = None
         self.refusals: list[str] = []  # calls the guard refused (torch compute ops, a kernel not its own)
@@ -111,6 +119,7 @@ class Student:
                     continue
         self._tmp = tempfile.TemporaryDirectory(prefix="labkernels-worker-")
         sandbox = []
+        self._under_init = sandboxed  # a process of its own under the sandbox's init (`isolation._init`)
         if sandboxed:
             os.mkdir(os.path.join(self._tmp.name, "root"))
             sandbox = isolation.prefix([self._tmp.name], PACKAGE_ROOT, os.path.join(self._tmp.name, "root"))
@@ -159,8 +168,10 @@ class Student:
         code = proc.wait() if proc is not None else None
         self.close()
         self._restarts += 1
+        if code is not None and code > 128 and self._under_init:  # the init reports signal N as 128 + N
+            code = 128 - code
         if code is not None and code < 0:
-            return f"the process running your code crashed ({signal.Signals(-code).name})"
+            return f"the process running your code crashed ({_signal_name(-code)})"
         if code == 0:
             return "your code ended its process with exit code 0 (os._exit?) before the case finished"
         return f"your code ended its process with exit code {code} before the case finished"
