@@ -50,7 +50,8 @@ GPU_CONFIGS = [
     (128, 64, 8, 4, True),
     (128, 128, 8, 2, True),
 ]
-# Past D = 128 a 128-row fp32 accumulator no longer fits the registers: 64-row blocks (`_fits` keeps these).
+# Past D = 128 a 128-row fp32 accumulator no longer fits the registers: 64-row blocks, timed instead of the
+# list above (each config compiled is seconds of a first call).
 LARGE_HEAD_CONFIGS = [
     (64, 64, 8, 2, False),
     (64, 32, 4, 2, False),
@@ -58,7 +59,6 @@ LARGE_HEAD_CONFIGS = [
     (64, 32, 8, 3, False),
     (64, 64, 8, 2, True),
 ]
-GPU_CONFIGS += LARGE_HEAD_CONFIGS
 
 
 @triton.jit
@@ -312,7 +312,7 @@ def _tuned(heads: int, kv_heads: int, n_q: int, n_kv: int, head_dim: int, dtype,
     k, v = (torch.randn(1, kv_heads, n_kv, head_dim, device="cuda", dtype=dtype) for _ in range(2))
     o, lse = torch.empty_like(q), torch.empty(1, heads, n_q, device="cuda")
     times, errors, expected = {}, [], None
-    for cfg in GPU_CONFIGS:
+    for cfg in GPU_CONFIGS if head_dim <= 128 else LARGE_HEAD_CONFIGS:
         if not _fits(cfg, head_dim, q.element_size()) or (cfg[4] and not tma):
             continue
         try:
@@ -577,9 +577,8 @@ def _attn_bwd_dq_kernel(
 # Backward configs, (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel. dK/dV: a program keeps a key block
 # and its two fp32 accumulators, and streams small query blocks; dQ the other way round. Any pair of sizes
 # is correct (each stage's bounds are computed, not assumed aligned). Timed on the first call of a shape
-# class, as the forward; the first pair serves D > 128.
+# class, as the forward; past D = 128 the default pair runs untimed (`_bwd_default`).
 BWD_DKDV_CONFIGS = [
-    (32, 32, 8, 2),
     (64, 64, 4, 3),
     (64, 64, 8, 3),
     (32, 64, 4, 3),
@@ -588,7 +587,6 @@ BWD_DKDV_CONFIGS = [
     (64, 128, 8, 3),
 ]
 BWD_DQ_CONFIGS = [
-    (64, 32, 8, 2),
     (64, 64, 4, 3),
     (64, 64, 8, 3),
     (64, 32, 4, 3),
@@ -675,7 +673,8 @@ def bwd_config(q: torch.Tensor, causal: bool, k: torch.Tensor | None = None) -> 
     class on the GPU."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_kv = (heads, n_q) if k is None else (k.shape[1], k.shape[2])
-    if LANE != "gpu" or batch * heads * n_q < TUNE_FROM:
+    # Past D = 128 the timed lists spill their accumulators: the default is the config that fits.
+    if LANE != "gpu" or batch * heads * n_q < TUNE_FROM or head_dim > 128:
         return _bwd_default(head_dim)
     group = heads // kv_heads
     kv_heads = max(1, min(batch * heads, 64) // group)

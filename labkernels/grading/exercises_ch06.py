@@ -199,14 +199,15 @@ def _attention_gqa(q, k, v, causal):
 
 
 def _dq_from_formula(q, k, v, do, lse, delta, causal):
-    """dQ = scale * (P * (dO V^T - D)) K with P = exp(scale * Q K^T - lse), in float64, for any inputs."""
+    """(dQ, the largest |dS| of each row): dQ = scale * dS K with dS = P * (dO V^T - D) and
+    P = exp(scale * Q K^T - lse), in float64, for any inputs."""
     q, k, v, do, lse, delta = (t.double() for t in (q, k, v, do, lse, delta))
     k, v = _per_query_head(k, q.shape[1]), _per_query_head(v, q.shape[1])
     scale = q.shape[-1] ** -0.5
     p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])
     p = p.masked_fill(~_visible(q.shape[-2], k.shape[-2], causal, q.device), 0.0)
     ds = p * (do @ v.transpose(-2, -1) - delta[..., None])
-    return scale * ds @ k
+    return scale * ds @ k, ds.abs().amax(-1)
 
 
 DQ_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2)}
@@ -281,12 +282,14 @@ def _grade_6_4(student, g):
         dq = g.guarded_empty(tuple(q.shape), q.dtype)
 
         def check(q, k, v, do, lse, delta, dq, causal):
-            # Timed repetitions run on fresh randn inputs, lse included: where the exact dQ passes float16's
-            # range (65504; seen on the H200) any float16 kernel overflows: there it need only be huge.
-            want = _dq_from_formula(q, k, v, do, lse, delta, causal)
-            fits = want.abs() < 6e4
+            # Timed repetitions run on fresh randn inputs, lse included, so P is not a softmax: in about one
+            # row in 6000 some dS passes float16's range (65504), and a float16 kernel (the chapter's too)
+            # writes inf there, though the exact dQ may be small (seen on the H200). Those rows, and values
+            # past that range, are not checked; all others are, and they must be nearly all of them.
+            want, ds_max = _dq_from_formula(q, k, v, do, lse, delta, causal)
+            fits = (want.abs() < 6e4) & (ds_max < 6e4)[..., None]
+            g.expect(bool(fits.double().mean() > 0.9), "fresh inputs left fewer than 90% of dQ checkable")
             g.check_close(dq[fits], want[fits], atol=2e-2, rtol=2e-2)
-            g.expect(bool((dq[~fits].float().abs() > 3e4).all()), "dQ is small where its exact value is huge")
 
         ours = g.time_answer(lambda: student(q, k, v, do, lse, delta, dq, False), check=check)
         cfg = fa.bwd_config(q, False)[1]
