@@ -199,15 +199,16 @@ def _attention_gqa(q, k, v, causal):
 
 
 def _dq_from_formula(q, k, v, do, lse, delta, causal):
-    """(dQ, the largest |dS| of each row): dQ = scale * dS K with dS = P * (dO V^T - D) and
-    P = exp(scale * Q K^T - lse), in float64, for any inputs."""
+    """(dQ, the largest |dS| of each row, scale * |dS| |K|): dQ = scale * dS K with dS = P * (dO V^T - D) and
+    P = exp(scale * Q K^T - lse), in float64, for any inputs. The last is what rounding dS to 16 bits (as a
+    kernel does before its second tl.dot) can cost: at most half an ulp of each term."""
     q, k, v, do, lse, delta = (t.double() for t in (q, k, v, do, lse, delta))
     k, v = _per_query_head(k, q.shape[1]), _per_query_head(v, q.shape[1])
     scale = q.shape[-1] ** -0.5
     p = torch.exp(q @ k.transpose(-2, -1) * scale - lse[..., None])
     p = p.masked_fill(~_visible(q.shape[-2], k.shape[-2], causal, q.device), 0.0)
     ds = p * (do @ v.transpose(-2, -1) - delta[..., None])
-    return scale * ds @ k, ds.abs().amax(-1)
+    return scale * ds @ k, ds.abs().amax(-1), scale * ds.abs() @ k.abs()
 
 
 DQ_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 2e-2)}
@@ -282,14 +283,22 @@ def _grade_6_4(student, g):
         dq = g.guarded_empty(tuple(q.shape), q.dtype)
 
         def check(q, k, v, do, lse, delta, dq, causal):
-            # Timed repetitions run on fresh randn inputs, lse included, so P is not a softmax: in about one
-            # row in 6000 some dS passes float16's range (65504), and a float16 kernel (the chapter's too)
-            # writes inf there, though the exact dQ may be small (seen on the H200). Those rows, and values
-            # past that range, are not checked; all others are, and they must be nearly all of them.
-            want, ds_max = _dq_from_formula(q, k, v, do, lse, delta, causal)
+            # Timed repetitions run on fresh randn inputs, lse included, so P is not a softmax: dS reaches
+            # thousands, and a float16 kernel (the chapter's too) rounds it to 16 bits before dS K. Where
+            # its terms cancel, that rounding is most of dQ's error (0.2% of values failed a plain 2e-2 on
+            # the H200), so the bound includes it: an ulp of float16 on each term. Rows where some dS passes
+            # float16's range (65504; inf there), and values past it, are not checked: under 1 in 1000.
+            want, ds_max, terms = _dq_from_formula(q, k, v, do, lse, delta, causal)
             fits = (want.abs() < 6e4) & (ds_max < 6e4)[..., None]
             g.expect(bool(fits.double().mean() > 0.9), "fresh inputs left fewer than 90% of dQ checkable")
-            g.check_close(dq[fits], want[fits], atol=2e-2, rtol=2e-2)
+            err = (dq.double() - want).abs()
+            allowed = 2e-2 + 2e-2 * want.abs() + 1e-3 * terms
+            bad = (err > allowed) & fits
+            g.expect(
+                not bool(bad.any()),
+                f"dQ wrong at {int(bad.sum())} of {int(fits.sum())} values (greatest error "
+                f"{err[fits].max().item():.3g}; allowed 2e-2 + 2e-2 |dQ| + 1e-3 scale |dS| |K|)",
+            )
 
         ours = g.time_answer(lambda: student(q, k, v, do, lse, delta, dq, False), check=check)
         cfg = fa.bwd_config(q, False)[1]
