@@ -985,3 +985,58 @@ def test_flash_attention_fuzz_on_the_gpu(dtype):
         o = flash_attention(q, k, v, causal=causal)
         assert (o.double() - reference(q, k, v, causal)).abs().max().item() <= 2e-2
     _check_attention(*_qkv(1, 2, 1000, 64, dtype), True, sm_scale=-0.2)
+
+
+# --- torch.library: the ops torch.compile traces ---------------------------------------------------------
+
+
+def _gqa_inputs(requires_grad=True):
+    dtype = ATTN_DTYPES[-1]
+    q = torch.randn(1, 4, 19, 48, device=DEVICE, dtype=dtype, requires_grad=requires_grad)
+    k, v = (
+        torch.randn(1, 2, 23, 48, device=DEVICE, dtype=dtype, requires_grad=requires_grad) for _ in range(2)
+    )
+    return q, k, v
+
+
+def test_chapter_06_ops_pass_opcheck():
+    """Schema, fake implementation, autograd registration and AOT dispatch agree with the kernels (grouped
+    heads, other lengths, a head dim that is not a power of two)."""
+    q, k, v = _gqa_inputs()
+    torch.library.opcheck(torch.ops.labkernels.ch06_flash_attention.default, (q, k, v, True, 0.2))
+    o, lse = flash_attention_with_lse(q.detach(), k.detach(), v.detach(), True, 0.2)
+    backward = torch.ops.labkernels.ch06_flash_attention_backward.default
+    torch.library.opcheck(
+        backward, (q.detach(), k.detach(), v.detach(), o, lse, torch.randn_like(o), True, 0.2)
+    )
+    x = torch.randn(5, 40, device=DEVICE, requires_grad=True)
+    torch.library.opcheck(torch.ops.labkernels.ch06_online_softmax.default, (x,))
+
+
+def test_a_model_calling_chapter_06_ops_compiles_fullgraph():
+    """torch.compile(fullgraph=True) traces both ops and their backward without a graph break; the compiled
+    model's value and gradients are the eager model's."""
+    q, k, v = _gqa_inputs()
+    x = torch.randn(5, 40, device=DEVICE, requires_grad=True)
+
+    def model(q, k, v, x):
+        return flash_attention(q, k, v, causal=True).float().sum() + online_softmax(x).square().sum()
+
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # tracing is what is tested
+    got = compiled(q, k, v, x)
+    got_grads = torch.autograd.grad(got, (q, k, v, x))
+    want = model(q, k, v, x)
+    want_grads = torch.autograd.grad(want, (q, k, v, x))
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_online_softmax_out_under_compile_is_a_copy_of_the_op():
+    x = torch.randn(6, 33, device=DEVICE)
+    out = torch.full_like(x, float("nan"))
+    compiled = torch.compile(lambda x, out: online_softmax(x, out), fullgraph=True, backend="aot_eager")
+    compiled(x, out)
+    torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=1e-7, rtol=1e-5)
+    with pytest.raises(Exception, match="out must be"):
+        compiled(x, torch.empty(6, 32, device=DEVICE))

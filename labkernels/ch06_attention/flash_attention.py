@@ -714,29 +714,68 @@ def _forward(q, k, v, causal: bool, sm_scale: float):
     return o, lse
 
 
-class _FlashAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
-        o, lse = _forward(q, k, v, causal, sm_scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+# torch.library: the forward and the backward are ops that torch.compile traces without a graph break (their
+# fake implementations give the output shapes without running a kernel), tied by an autograd formula.
+@torch.library.custom_op("labkernels::ch06_flash_attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, causal, sm_scale)
 
-    @staticmethod
-    def backward(ctx, do, _dlse):
-        if torch.is_grad_enabled():  # backward(create_graph=True): a gradient of this gradient was asked for
-            raise RuntimeError(
-                "flash_attention: second-order gradients are not supported (create_graph=True); "
-                "use naive_attention or torch's SDPA math backend for them"
-            )
-        q, k, v, o, lse = ctx.saved_tensors
-        return (*_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale), None, None)
+
+@_attention_op.register_fake
+def _(q, k, v, causal, sm_scale):
+    _check(q, k, v)
+    batch, heads, n_q, _ = q.shape
+    lse = torch.empty(batch, heads, n_q, device=q.device, dtype=torch.float32)
+    return torch.empty(q.shape, device=q.device, dtype=q.dtype), lse
+
+
+@torch.library.custom_op("labkernels::ch06_flash_attention_backward", mutates_args=())
+def _attention_backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(q, k, v, o, lse, do, causal, sm_scale)
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, o, lse, do, causal, sm_scale):
+    return tuple(torch.empty(t.shape, device=t.device, dtype=t.dtype) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, sm_scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.sm_scale = causal, sm_scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _attention_backward(ctx, do, _dlse):
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # backward(create_graph=True)
+        raise RuntimeError(
+            "flash_attention: second-order gradients are not supported (create_graph=True); "
+            "use naive_attention or torch's SDPA math backend for them"
+        )
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale)
+    return dq, dk, dv, None, None
+
+
+_attention_op.register_autograd(_attention_backward, setup_context=_setup_context)
 
 
 def flash_attention_with_lse(q, k, v, causal: bool = False, sm_scale: float | None = None):
     """(O, logsumexp): O (B, Hq, N_q, D) in q's dtype, logsumexp (B, Hq, N_q) fp32 of the scaled scores.
-    Inputs that require grad get a backward through torch.autograd (the logsumexp has no gradient)."""
+    Inputs that require grad get a backward through torch.autograd (the logsumexp has no gradient); the op is
+    `torch.ops.labkernels.ch06_flash_attention`, which torch.compile traces without a graph break."""
     _check(q, k, v)
     if not isinstance(causal, bool):
         raise TypeError(f"flash_attention: causal must be a bool, got {type(causal).__name__} {causal!r}")
@@ -745,9 +784,9 @@ def flash_attention_with_lse(q, k, v, causal: bool = False, sm_scale: float | No
     ):
         raise TypeError(f"flash_attention: sm_scale must be a finite number or None, got {sm_scale!r}")
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return _FlashAttention.apply(q, k, v, causal, sm_scale)
-    return _forward(q, k, v, causal, sm_scale)
+    if (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))) or torch.compiler.is_compiling():
+        return _attention_op(q, k, v, causal, sm_scale)  # through torch.library: autograd, torch.compile
+    return _forward(q, k, v, causal, sm_scale)  # the plain call: no dispatcher on the way to the kernel
 
 
 def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None) -> torch.Tensor:

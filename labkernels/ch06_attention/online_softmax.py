@@ -605,30 +605,50 @@ def _forward(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return out
 
 
-class _OnlineSoftmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = _forward(x)
-        ctx.save_for_backward(y)
-        return y
+# torch.library: the op torch.compile traces without a graph break (the fake gives the output's shape), with
+# its backward in torch ops, which compile traces too.
+@torch.library.custom_op("labkernels::ch06_online_softmax", mutates_args=())
+def _softmax_op(x: torch.Tensor) -> torch.Tensor:
+    return _forward(x)
 
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        g, yf = grad.float(), y.float()
-        return (yf * (g - (g * yf).sum(dim=1, keepdim=True))).to(y.dtype)  # dx = y * (g - <g, y>)
+
+@_softmax_op.register_fake
+def _(x):
+    _check(x, None)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    g, yf = grad.float(), y.float()
+    return (yf * (g - (g * yf).sum(dim=1, keepdim=True))).to(y.dtype)  # dx = y * (g - <g, y>)
+
+
+_softmax_op.register_autograd(_softmax_backward, setup_context=_setup_context)
 
 
 def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Row softmax of a 2-D (rows, cols) tensor of any width; rows may be strided, columns contiguous.
 
     `out` (same shape and dtype, not overlapping x) receives the result. Inputs that require grad get a
-    backward (through torch.autograd; `out` is then not accepted)."""
+    backward (through torch.autograd; `out` is then not accepted). The op is
+    `torch.ops.labkernels.ch06_online_softmax`, which torch.compile traces without a graph break."""
     if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
         if out is not None:
             raise ValueError(
                 "online_softmax: out= is not supported when x requires grad (autograd allocates)"
             )
         _check(x, None)
-        return _OnlineSoftmax.apply(x)
+        return _softmax_op(x)
+    if torch.compiler.is_compiling():  # the op; out= a copy of its result (so overlap cannot hurt)
+        _check(x, None)
+        if out is not None and (out.dtype != x.dtype or out.shape != x.shape):
+            raise ValueError(
+                f"online_softmax: out must be {x.dtype} {tuple(x.shape)}, got {out.dtype} {tuple(out.shape)}"
+            )
+        return _softmax_op(x) if out is None else out.copy_(_softmax_op(x))
     return _forward(x, out)
