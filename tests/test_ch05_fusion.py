@@ -660,3 +660,68 @@ def test_launch_config_sweep_is_level_with_compile_within_the_spread():
     for op in ("add_relu", "mul_add_sigmoid", "sincos"):
         assert 1.0 <= max(sweep.column(op)) < 1 + spread  # level with compile, no reliable win
     assert min(sweep.column("sincos")) < 0.9
+
+
+# --- torch.library: the ops torch.compile traces ---------------------------------------------------------
+
+
+def _fusion_inputs():
+    x, a, b = (_randn(3, 37) for _ in range(3))
+    residual, weight = _randn(3, 37), _randn(37)
+    w_int8, scale = prologue.quantize(_randn(40, 24))
+    return x, a, b, residual, weight, _randn(2, 40), w_int8, scale
+
+
+def test_chapter_05_ops_pass_opcheck():
+    """Schema, fake implementation, autograd registration (RMSNorm's backward) and AOT dispatch agree with
+    the kernels, on odd sizes."""
+    x, a, b, residual, weight, rows, w_int8, scale = _fusion_inputs()
+    ops = torch.ops.labkernels
+    torch.library.opcheck(ops.ch05_mul_add_sigmoid.default, (x, a, b))
+    torch.library.opcheck(ops.ch05_chain.default, (x, a, 5))
+    torch.library.opcheck(ops.ch05_sincos.default, (x,))
+    grads = tuple(t.clone().requires_grad_() for t in (x, residual, weight))
+    torch.library.opcheck(ops.ch05_rmsnorm_residual.default, (*grads, 1e-6))
+    torch.library.opcheck(ops.ch05_dequantize.default, (w_int8, scale))
+    for path in ("fused", "dequantize", "gemv"):
+        torch.library.opcheck(ops.ch05_int8_matmul.default, (rows, w_int8, scale, "ieee", path))
+    torch.library.opcheck(ops.ch05_int8_gemv.default, (rows, w_int8, scale))
+
+
+def test_a_model_calling_chapter_05_ops_compiles_fullgraph():
+    """torch.compile(fullgraph=True) traces every fused op (and RMSNorm's backward) without a graph break; the
+    compiled model's value and gradients are the eager model's."""
+    x, a, b, residual, weight, rows, w_int8, scale = _fusion_inputs()
+    bias = _randn(24)
+    x.requires_grad_()
+
+    def model(x, a, b, residual, weight, rows):
+        with torch.no_grad():  # the forward-only kernels
+            total = pointwise.mul_add_sigmoid(a, b, a).sum() + pointwise.chain(a, b, 3).sum()
+            total = total + sum(t.sum() for t in horizontal.sincos(a))
+            total = total + prologue.dequantize(w_int8, scale).sum()
+            total = total + prologue.int8_matmul(rows, w_int8, scale).sum()
+            total = total + prologue.int8_gemv(rows, w_int8, scale).sum()
+            total = total + epilogue.matmul_bias_gelu(rows, prologue.dequantize(w_int8, scale), bias).sum()
+        y, h = rmsnorm.rmsnorm_residual(x, residual, weight)
+        return total + y.square().sum() + h.sum()
+
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # tracing is what is tested
+    got = compiled(x, a, b, residual, weight, rows)
+    (got_grad,) = torch.autograd.grad(got, (x,))
+    want = model(x, a, b, residual, weight, rows)
+    (want_grad,) = torch.autograd.grad(want, (x,))
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
+def test_out_under_compile_is_a_copy_and_checked():
+    x, y = _randn(4, 9), _randn(4, 9)
+    out = torch.full_like(x, float("nan"))
+    compiled = torch.compile(
+        lambda x, y, out: pointwise.chain(x, y, 4, out=out), fullgraph=True, backend="aot_eager"
+    )
+    compiled(x, y, out)
+    torch.testing.assert_close(out, pointwise.reference_chain(x, y, 4), atol=1e-5, rtol=1e-5)
+    with pytest.raises(Exception, match="out must be"):
+        compiled(x, y, torch.empty(4, 8, device=DEVICE))

@@ -28,10 +28,26 @@ def _sincos_kernel(x_ptr, sin_ptr, cos_ptr, n_elements, BLOCK_SIZE: tl.constexpr
     tl.store(cos_ptr + offsets, tl.cos(x).to(cos_ptr.dtype.element_ty), mask=mask)  # write n
 
 
+@torch.library.custom_op("labkernels::ch05_sincos", mutates_args=(), schema="(Tensor x) -> (Tensor, Tensor)")
+def _sincos_op(x):
+    return _sincos(x)
+
+
+@_sincos_op.register_fake
+def _(x):
+    check_elementwise("sincos", x)
+    return torch.empty_like(x), torch.empty_like(x)
+
+
 def sincos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sin x, cos x) from one read of x; x contiguous, float16/bfloat16/float32."""
+    """(sin x, cos x) from one read of x; x contiguous, float16/bfloat16/float32. Under torch.compile it is
+    the op `labkernels::ch05_sincos`, traced without a graph break."""
     check_elementwise("sincos", x)
     _no_grad("sincos", x)
+    return _sincos_op(x) if torch.compiler.is_compiling() else _sincos(x)
+
+
+def _sincos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sin, cos = torch.empty_like(x), torch.empty_like(x)
     n = x.numel()
     if n == 0:

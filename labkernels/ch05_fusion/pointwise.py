@@ -181,10 +181,53 @@ def _launch_and_keep(kernel, key, n: int, tensors: tuple, meta: dict, keep: bool
         kernel[grid](*tensors, n, **meta)
 
 
+# torch.library: under torch.compile the public functions call these ops, which it traces without a graph
+# break (their fakes give the output's shape); out= is then a copy of the op's result.
+@torch.library.custom_op(
+    "labkernels::ch05_mul_add_sigmoid", mutates_args=(), schema="(Tensor x, Tensor a, Tensor b) -> Tensor"
+)
+def _mul_add_sigmoid_op(x, a, b):
+    return mul_add_sigmoid(x, a, b)
+
+
+@_mul_add_sigmoid_op.register_fake
+def _(x, a, b):
+    check_elementwise("mul_add_sigmoid", x, a, b)
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(
+    "labkernels::ch05_chain", mutates_args=(), schema="(Tensor x, Tensor y, int n_ops) -> Tensor"
+)
+def _chain_op(x, y, n_ops):
+    return chain(x, y, n_ops)
+
+
+@_chain_op.register_fake
+def _(x, y, n_ops):
+    _check_n_ops(n_ops)
+    check_elementwise("chain", x, y)
+    return torch.empty_like(x)
+
+
+def _compiled(op, name: str, out: torch.Tensor | None, *inputs: torch.Tensor) -> torch.Tensor:
+    """Inside torch.compile: the op (traced, no kernel runs while tracing); out= receives a copy."""
+    check_elementwise(name, *inputs)
+    _no_grad(name, *inputs)
+    x = inputs[0]
+    if out is not None and (out.dtype != x.dtype or out.shape != x.shape):
+        wanted, got = f"{x.dtype} {tuple(x.shape)}", f"{out.dtype} {tuple(out.shape)}"
+        raise ValueError(f"{name}: out must be {wanted}, got {got}")
+    result = op()
+    return result if out is None else out.copy_(result)
+
+
 def mul_add_sigmoid(
     x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """sigmoid(x * a + b) in one kernel: read 3n, write n (eager: read 5n, write 3n)."""
+    if torch.compiler.is_compiling():
+        return _compiled(lambda: _mul_add_sigmoid_op(x, a, b), "mul_add_sigmoid", out, x, a, b)
     key = lambda: _launch_key("mul_add_sigmoid", x, a, b)  # noqa: E731
     launcher = _known_launcher(key, out)
     if launcher is not None:  # checked before: only allocate and launch
@@ -205,6 +248,9 @@ def mul_add_sigmoid(
 
 def chain(x: torch.Tensor, y: torch.Tensor, n_ops: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """The N-op chain of `reference_chain` in one kernel: read 2n, write n, whatever N."""
+    if torch.compiler.is_compiling():
+        _check_n_ops(n_ops)
+        return _compiled(lambda: _chain_op(x, y, n_ops), "chain", out, x, y)
     key = lambda: _launch_key(("chain", type(n_ops), n_ops), x, y)  # noqa: E731  (n_ops=True is refused)
     launcher = _known_launcher(key, out)
     if launcher is not None:

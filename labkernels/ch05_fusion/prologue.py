@@ -171,9 +171,7 @@ def _dequantize_kernel(
     tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], out, mask=mask)  # write KN, contiguous
 
 
-def dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """w_int8 * scale in scale's dtype, (K, N) contiguous, in one pass (eager takes two: a cast, then a
-    multiply). Any strides of w_int8."""
+def _check_dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> None:
     require_device(w_int8, "dequantize: w_int8")
     require_device(scale, "dequantize: scale")
     if w_int8.dtype != torch.int8 or w_int8.dim() != 2:
@@ -189,6 +187,27 @@ def dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"dequantize: scale is bfloat16: {BF16_ON_CPU}")
     if torch.is_grad_enabled() and scale.requires_grad:
         raise RuntimeError("dequantize: scale requires grad, and this kernel has no backward")
+
+
+@torch.library.custom_op(
+    "labkernels::ch05_dequantize", mutates_args=(), schema="(Tensor w_int8, Tensor scale) -> Tensor"
+)
+def _dequantize_op(w_int8, scale):
+    return dequantize(w_int8, scale)
+
+
+@_dequantize_op.register_fake
+def _(w_int8, scale):
+    _check_dequantize(w_int8, scale)
+    return torch.empty(w_int8.shape, device=w_int8.device, dtype=scale.dtype)
+
+
+def dequantize(w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w_int8 * scale in scale's dtype, (K, N) contiguous, in one pass (eager takes two: a cast, then a
+    multiply). Any strides of w_int8."""
+    _check_dequantize(w_int8, scale)
+    if torch.compiler.is_compiling():  # the op: torch.compile traces it without a graph break
+        return _dequantize_op(w_int8, scale)
     K, N = w_int8.shape
     out = torch.empty((K, N), device=w_int8.device, dtype=scale.dtype)
     if out.numel() == 0:
@@ -248,6 +267,23 @@ def _check(a, w_int8, scale, input_precision) -> None:
         )
 
 
+@torch.library.custom_op(
+    "labkernels::ch05_int8_matmul",
+    mutates_args=(),
+    schema="(Tensor a, Tensor w_int8, Tensor scale, str input_precision='ieee', str path='auto') -> Tensor",
+)
+def _int8_matmul_op(a, w_int8, scale, input_precision="ieee", path="auto"):
+    return int8_matmul(a, w_int8, scale, input_precision=input_precision, path=path)
+
+
+@_int8_matmul_op.register_fake
+def _(a, w_int8, scale, input_precision="ieee", path="auto"):
+    _check(a, w_int8, scale, input_precision)
+    if path not in PATHS:
+        raise ValueError(f"int8_matmul: path must be one of {PATHS}, got {path!r}")
+    return torch.empty((a.shape[0], w_int8.shape[1]), device=a.device, dtype=a.dtype)
+
+
 def int8_matmul(
     a: torch.Tensor,
     w_int8: torch.Tensor,
@@ -262,7 +298,10 @@ def int8_matmul(
     path: "gemv" (M <= GEMV_MAX_M) is `int8_gemv`; "fused" dequantises in the matmul's loads (W read once,
     as int8); "dequantize" writes the 16-bit weights once and runs chapter 03's matmul on them (read KN int8,
     write KN, then the matmul reads KN); "auto" fuses when M <= FUSED_MAX_M, where the matmul is
-    memory-bound on W, and the offsets fit 32 bits."""
+    memory-bound on W, and the offsets fit 32 bits. Under torch.compile it is the op
+    `labkernels::ch05_int8_matmul`, traced without a graph break."""
+    if torch.compiler.is_compiling():
+        return _int8_matmul_op(a, w_int8, scale, input_precision, path)
     _check(a, w_int8, scale, input_precision)
     if path not in PATHS:
         raise ValueError(f"int8_matmul: path must be one of {PATHS}, got {path!r}")
@@ -473,6 +512,34 @@ def _check_gemv_config(config) -> tuple:
     return tuple(config)
 
 
+@torch.library.custom_op(
+    "labkernels::ch05_int8_gemv",
+    mutates_args=(),
+    schema="(Tensor a, Tensor w_int8, Tensor scale, str input_precision='ieee', int[]? config=None, "
+    "bool magic=True) -> Tensor",
+)
+def _int8_gemv_op(a, w_int8, scale, input_precision="ieee", config=None, magic=True):
+    return int8_gemv(a, w_int8, scale, input_precision=input_precision, config=config, magic=magic)
+
+
+@_int8_gemv_op.register_fake
+def _(a, w_int8, scale, input_precision="ieee", config=None, magic=True):
+    _check_gemv(a, w_int8, scale, input_precision, config, magic)
+    return torch.empty((a.shape[0], w_int8.shape[1]), device=a.device, dtype=a.dtype)
+
+
+def _check_gemv(a, w_int8, scale, input_precision, config, magic) -> None:
+    _check(a, w_int8, scale, input_precision)
+    if a.shape[0] > GEMV_MAX_M:
+        raise ValueError(
+            f"int8_gemv: a has {a.shape[0]} rows; the GEMV takes 1 to {GEMV_MAX_M} (use int8_matmul)"
+        )
+    if not isinstance(magic, bool):
+        raise TypeError(f"int8_gemv: magic must be True or False, got {magic!r}")
+    if config is not None:
+        _check_gemv_config(config)
+
+
 def int8_gemv(
     a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *, input_precision: str = "ieee", config=None,
     magic: bool = True,
@@ -481,7 +548,11 @@ def int8_gemv(
     GEMV/split-K kernel, then (when K is split) a kernel that adds the slices in order and scales. Same
     arguments as `int8_matmul`; `config` = (BLOCK_N, BLOCK_K, warps, stages, programs per SM; 0: one K slice)
     overrides the tuned one; `magic=False` converts int8 with the plain cast (the GPU's int-to-float
-    instruction)."""
+    instruction). Under torch.compile it is the op `labkernels::ch05_int8_gemv`, traced without a graph
+    break."""
+    if torch.compiler.is_compiling():
+        config = None if config is None else list(config)
+        return _int8_gemv_op(a, w_int8, scale, input_precision, config, magic)
     try:
         key = _gemv_key(a, w_int8, scale, input_precision, config, magic)
         known = _gemv_known.get(key)
@@ -493,12 +564,8 @@ def int8_gemv(
         partials = a.new_empty((splits, *out.shape), dtype=torch.float32) if splits > 1 else out
         launcher(a, w_int8, scale if scale_contiguous else scale.contiguous(), out, partials)
         return out
-    _check(a, w_int8, scale, input_precision)
+    _check_gemv(a, w_int8, scale, input_precision, None, magic)
     (M, K), N = a.shape, w_int8.shape[1]
-    if M > GEMV_MAX_M:
-        raise ValueError(f"int8_gemv: a has {M} rows; the GEMV takes 1 to {GEMV_MAX_M} (use int8_matmul)")
-    if not isinstance(magic, bool):
-        raise TypeError(f"int8_gemv: magic must be True or False, got {magic!r}")
     contiguous_scale = scale.contiguous()
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
     out = torch.empty((M, N), device=a.device, dtype=a.dtype)

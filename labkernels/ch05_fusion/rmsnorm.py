@@ -157,28 +157,43 @@ def _forward(x, residual, weight, eps):
     return y, h
 
 
-class _RMSNormResidual(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, weight, eps):
-        y, h = _forward(x, residual, weight, eps)
-        ctx.save_for_backward(h, weight)
-        ctx.eps = eps
-        return y, h
+# torch.library: the op torch.compile traces without a graph break, with its backward in torch ops.
+@torch.library.custom_op(
+    "labkernels::ch05_rmsnorm_residual",
+    mutates_args=(),
+    schema="(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+)
+def _rmsnorm_op(x, residual, weight, eps):
+    return _forward(x, residual, weight, eps)
 
-    @staticmethod
-    def backward(ctx, dy, dh_out):
-        h, weight = ctx.saved_tensors
-        hf = h.float()
-        rstd = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + ctx.eps)
-        normed = hf * rstd
-        dy = torch.zeros_like(hf) if dy is None else dy.float()
-        dw = (dy * normed).sum(0).to(weight.dtype)
-        dn = dy * weight.float()
-        dh = rstd * (dn - normed * (dn * normed).mean(-1, keepdim=True))
-        if dh_out is not None:
-            dh = dh + dh_out.float()
-        dh = dh.to(h.dtype)
-        return dh, dh, dw, None
+
+@_rmsnorm_op.register_fake
+def _(x, residual, weight, eps):
+    _check(x, residual, weight, eps)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    return y, torch.empty_like(y)
+
+
+def _setup_context(ctx, inputs, output):
+    _, _, weight, eps = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.eps = eps
+
+
+def _rmsnorm_backward(ctx, dy, dh_out):
+    h, weight = ctx.saved_tensors
+    hf = h.float()
+    rstd = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    normed = hf * rstd
+    dy = dy.float()
+    dw = (dy * normed).sum(0).to(weight.dtype)
+    dn = dy * weight.float()
+    dh = rstd * (dn - normed * (dn * normed).mean(-1, keepdim=True)) + dh_out.float()
+    dh = dh.to(h.dtype)
+    return dh, dh, dw, None  # h = x + residual: both get dh
+
+
+_rmsnorm_op.register_autograd(_rmsnorm_backward, setup_context=_setup_context)
 
 
 def rmsnorm_residual(
@@ -187,8 +202,12 @@ def rmsnorm_residual(
     """(y, h) with h = x + residual and y = h * rsqrt(mean(h^2, -1) + eps) * weight, in one kernel.
 
     x, residual: (M, N) with contiguous rows (any row stride); weight: (N,); one dtype. Outputs contiguous.
-    Differentiable: the gradients come from torch ops in the backward."""
+    Differentiable: the gradients come from torch ops in the backward. The op is
+    `labkernels::ch05_rmsnorm_residual`, which torch.compile traces without a graph break."""
     _check(x, residual, weight, eps)
-    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad or weight.requires_grad):
-        return _RMSNormResidual.apply(x, residual, weight, eps)
+    wants_grad = torch.is_grad_enabled() and (
+        x.requires_grad or residual.requires_grad or weight.requires_grad
+    )
+    if wants_grad or torch.compiler.is_compiling():
+        return _rmsnorm_op(x, residual, weight, float(eps))  # torch.library: autograd, torch.compile
     return _forward(x, residual, weight, eps)
