@@ -535,6 +535,18 @@ def _ch06_flash_attention():
             want = grads(lambda *t, c=causal: naive.reference(*t, c), q, k, v, seed=seed)
             for name, g, gr in zip("qkv", got, want, strict=True):
                 close(g, gr, f"flash backward d{name} D={head_dim} causal={causal}", 5e-2)
+    # Grouped heads, other lengths, a head dim padded to the next power of two: masked loads at every edge;
+    # with more queries than keys, causal rows that see no key.
+    for (heads, n_q), (kv_heads, n_kv), head_dim in (((4, 45), (2, 70), 80), ((2, 33), (1, 20), 160)):
+        q = rand(1, heads, n_q, head_dim, dtype=dtype)
+        k, v = (rand(1, kv_heads, n_kv, head_dim, dtype=dtype) for _ in range(2))
+        what = f"flash Hq={heads} Hkv={kv_heads} N_q={n_q} N_kv={n_kv} D={head_dim} causal"
+        close(fa.flash_attention(q, k, v, True), naive.reference(q, k, v, True), what, 2e-2)
+        seed = rand(*q.shape, dtype=dtype)
+        got = grads(lambda *t: fa.flash_attention(*t, True), q, k, v, seed=seed)
+        want = grads(lambda *t: naive.reference(*t, True), q, k, v, seed=seed)
+        for name, g, gr in zip("qkv", got, want, strict=True):
+            close(g, gr, f"{what}: d{name}", 5e-2)
 
 
 @entry(
