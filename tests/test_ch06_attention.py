@@ -1040,3 +1040,32 @@ def test_online_softmax_out_under_compile_is_a_copy_of_the_op():
     torch.testing.assert_close(out.double(), osm.reference(x.double()), atol=1e-7, rtol=1e-5)
     with pytest.raises(Exception, match="out must be"):
         compiled(x, torch.empty(6, 32, device=DEVICE))
+
+
+@pytest.mark.parametrize(
+    "kernel, right",
+    [
+        ("float16 numerics", True),
+        ("no scale", False),
+        ("delta dropped", False),
+        ("a row left at zero", False),
+    ],
+)
+def test_dq_speed_check_passes_float16_rounding_and_fails_wrong_kernels(kernel, right):
+    """Exercise 6.4's speed case checks its timed repetitions on fresh randn inputs, lse included, where dS
+    reaches thousands: an honest float16 kernel rounds dS to 16 bits before dS K, and 0.2% of its values
+    failed a plain 2e-2 on the H200. Its numerics are emulated here (fp32 scores and dP, dS rounded to
+    float16, fp32 accumulation): the bound passes them and fails kernels that are wrong."""
+    from labkernels.grading.exercises_ch06 import _float16_dq_problem
+
+    q, k, v, do = (torch.randn(1, 4, 512, 64).half() for _ in range(4))
+    lse, delta = torch.randn(1, 4, 512) - 2.0, torch.randn(1, 4, 512)  # dS up to thousands, as in the case
+    scale = 64**-0.5
+    p = torch.exp(q.float() @ k.float().mT * scale - lse[..., None])
+    dp = do.float() @ v.float().mT
+    ds = p * (dp - delta[..., None]) if kernel != "delta dropped" else p * dp
+    dq = (ds.half().float() @ k.float()) * (scale if kernel != "no scale" else 1.0)
+    if kernel == "a row left at zero":
+        dq[0, 1, 7] = 0.0
+    problem = _float16_dq_problem(q, k, v, do, lse, delta, dq.half(), False)
+    assert (problem is None) == right, problem
