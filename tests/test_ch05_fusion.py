@@ -725,3 +725,16 @@ def test_out_under_compile_is_a_copy_and_checked():
     torch.testing.assert_close(out, pointwise.reference_chain(x, y, 4), atol=1e-5, rtol=1e-5)
     with pytest.raises(Exception, match="out must be"):
         compiled(x, y, torch.empty(4, 8, device=DEVICE))
+
+
+def test_forward_only_ops_refuse_grad_inputs_under_compile_as_plain_calls_do():
+    """Compiled, a grad input met the op's missing autograd formula only at backward time, in torch's words;
+    now the trace stops with the op's own error."""
+    w_int8, scale = prologue.quantize(_randn(40, 24))
+    a = _randn(2, 40).requires_grad_()
+    for op in (prologue.int8_matmul, prologue.int8_gemv):
+        compiled = torch.compile(lambda a, op=op: op(a, w_int8, scale), fullgraph=True, backend="aot_eager")
+        with pytest.raises(Exception, match="no backward"):
+            compiled(a)
+    with pytest.raises(Exception, match="no backward"):
+        torch.compile(lambda a: pointwise.chain(a, a, 2), fullgraph=True, backend="aot_eager")(a)

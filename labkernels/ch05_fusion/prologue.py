@@ -300,9 +300,9 @@ def int8_matmul(
     write KN, then the matmul reads KN); "auto" fuses when M <= FUSED_MAX_M, where the matmul is
     memory-bound on W, and the offsets fit 32 bits. Under torch.compile it is the op
     `labkernels::ch05_int8_matmul`, traced without a graph break."""
+    _check(a, w_int8, scale, input_precision)  # in both paths: the same clear error, compiled or not
     if torch.compiler.is_compiling():
         return _int8_matmul_op(a, w_int8, scale, input_precision, path)
-    _check(a, w_int8, scale, input_precision)
     if path not in PATHS:
         raise ValueError(f"int8_matmul: path must be one of {PATHS}, got {path!r}")
     wide = matmul_mod.needs_int64(a, w_int8)  # the fused kernel's offsets are 32-bit
@@ -550,7 +550,8 @@ def int8_gemv(
     overrides the tuned one; `magic=False` converts int8 with the plain cast (the GPU's int-to-float
     instruction). Under torch.compile it is the op `labkernels::ch05_int8_gemv`, traced without a graph
     break."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # the same clear errors as a plain call, then the op
+        _check_gemv(a, w_int8, scale, input_precision, config, magic)
         config = None if config is None else list(config)
         return _int8_gemv_op(a, w_int8, scale, input_precision, config, magic)
     try:
