@@ -24,6 +24,47 @@ def correct(x, out):
     _twice_plus_one_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), BLOCK=BLOCK)
 
 
+@triton.jit
+def _one_program_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    for start in range(0, n, BLOCK):  # one program walks the whole array: right, and very slow
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+def slow_with_a_patched_clock(x, out):
+    """Right, slow, and it makes every clock in its own process read nearly zero."""
+    import time
+
+    import torch
+
+    torch.cuda.Event.elapsed_time = lambda self, end: 1e-6
+    torch.cuda.synchronize = lambda *a, **k: None
+    time.perf_counter = lambda: 0.0
+    _one_program_kernel[(1,)](x, out, x.numel(), BLOCK=BLOCK)
+
+
+@triton.jit
+def _twice_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def _plus_kernel(t_ptr, c_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(t_ptr + offs, mask=offs < n) + tl.load(c_ptr), mask=offs < n)
+
+
+def two_launches_and_scratch(x, out):
+    """Right, in two kernels: a scratch buffer between them and a constant the wrapper fills with torch."""
+    import torch
+
+    twice, one = torch.empty_like(x), torch.ones(1, device=x.device)
+    grid = (triton.cdiv(x.numel(), BLOCK),)
+    _twice_kernel[grid](x, twice, x.numel(), BLOCK=BLOCK)
+    _plus_kernel[grid](twice, one, out, x.numel(), BLOCK=BLOCK)
+
+
 def raises(x, out):
     raise RuntimeError("something went wrong in my kernel")
 

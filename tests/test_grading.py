@@ -123,6 +123,26 @@ def test_speed_case_runs_on_the_gpu():
     assert (rec["earned"], rec["possible"]) == (1, 1), format_record(rec)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["correct", "two_launches_and_scratch"])
+def test_a_triton_answer_is_timed_by_the_grader_s_replay_of_its_kernels(name):
+    rec = grade("T.2", getattr(submissions, name), speed=True)
+    assert (rec["earned"], rec["possible"]) == (1, 1), format_record(rec)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_clock_patched_in_the_answer_s_process_moves_no_replayed_time():
+    """The attack has teeth where the answer's own worker holds the clock (T.1), and none where the grader
+    replays its kernels (T.2)."""
+    own_clock = grade("T.1", submissions.slow_with_a_patched_clock, speed=True)
+    assert own_clock["earned"] == 1, format_record(own_clock)
+    replayed = grade("T.2", submissions.slow_with_a_patched_clock, speed=True)
+    assert replayed["earned"] == 0, format_record(replayed)
+    assert "of the measured copy bandwidth" in format_record(replayed)
+
+
 def test_unknown_exercise_is_a_clear_error():
     with pytest.raises(KeyError, match="no exercise '9.9'"):
         grade("9.9", submissions.correct)

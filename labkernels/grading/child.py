@@ -123,6 +123,7 @@ class Worker:
         self.launches = guard.TritonLaunches()
         self.launches.install()
         self.libraries = guard.LibraryCalls() if self.requires == "cpp" else None
+        self.recorder = None  # GPU lane: records the answer's launches for the grader's replay (`replay`)
         guard.BlockGraderImports.install()
         # Timers taken before the learner's code loads (a later patch of torch.cuda.Event cannot reach them).
         import torch
@@ -131,14 +132,23 @@ class Worker:
         self.event = torch.cuda.Event if torch.cuda.is_available() else None
         self.synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         self.gpu_busy = torch.cuda._sleep if torch.cuda.is_available() else None
+        if torch.cuda.is_available() and setup["answer"]["kind"] != "replay":
+            from labkernels.grading.replay import LaunchRecorder
+
+            self.recorder = LaunchRecorder()
+            self.recorder.install()
         self.modules: dict[str, object] = {}
-        self.variants: list = []
+        self.variants: dict[int, list] = {}
         self.entry = self._load(setup["answer"], Path.cwd())
 
     def _load(self, answer: dict, workdir: Path):
         if answer["kind"] == "data":
             value = answer["value"]
             return lambda: value
+        if answer["kind"] == "replay":  # the grader's timing worker: the learner's kernels, no Python of theirs
+            from labkernels.grading.replay import Replay
+
+            return Replay(answer["launches"], workdir)
         path = workdir / "submission.py"
         path.write_text(answer["source"])
         spec = importlib.util.spec_from_file_location(SUBMISSION, path)
@@ -240,7 +250,12 @@ class Worker:
             return self.task(lambda: self._compile_call(msg["name"], msg["args"]))
         if op == "time":
             return self.time(msg)
+        if op == "record":
+            return self.record(msg)
         if op == "fetch":
+            missing = [i for i in msg["indices"] if i not in self.variants]
+            if missing:
+                return {"status": "raised", "reason": f"timed repetition {missing[0]} was not kept"}
             return {"status": "ok", "result": None, "tensors": [self.variants[i] for i in msg["indices"]]}
         return {"status": "raised", "reason": f"unknown request {op!r}"}
 
@@ -291,19 +306,43 @@ class Worker:
         return torch.compile(model, fullgraph=True, backend="aot_eager")(*args).detach()
 
     # --- speed: every timed repetition on inputs it has never seen -----------------------------------------
+    def record(self, msg: dict) -> dict:
+        """The answer's launches, as data for the grader's replay (`replay`): a first call compiles and
+        autotunes, the second is recorded."""
+        from labkernels.grading.replay import ReplayError
+
+        if self.recorder is None:
+            return {"status": "raised", "reason": "launches are recorded on the GPU lane only"}
+        args, kwargs = msg["args"], msg["kwargs"]
+        reply = self.guarded(self.entry, args, kwargs, self.requires)
+        if reply["status"] != "ok":
+            return reply
+        self.recorder.start(tensors_in((args, kwargs)))
+        try:
+            reply = self.guarded(self.entry, args, kwargs, self.requires)
+            record = self.recorder.finish()
+        except ReplayError as e:
+            return {"status": "raised", "reason": f"the grader cannot replay your kernels: {e}"}
+        if reply["status"] != "ok":
+            return reply
+        return {"status": "ok", "result": record, "tensors": []}
+
     def time(self, msg: dict) -> dict:
+        """Time the entry on `warmup + reps` fresh sets of tensors, each made just before its call (so no
+        set exists while an earlier one runs). Sets listed in `keep` (all, without it) keep their outputs
+        for `fetch`, in host memory."""
         from labkernels.grading.core import make_variants
 
         template_args, template_kwargs = msg["args"], msg["kwargs"]
         template = tensors_in((template_args, template_kwargs))
         count = msg["warmup"] + msg["reps"]
-        self.variants = []
-        sets = make_variants(template, msg["outputs"], count, msg["seed"])
+        keep = set(range(count) if msg.get("keep") is None else msg["keep"])
+        self.variants = {}
         times = []
-        for i, tensors in enumerate(sets):
+        for i in range(count):
+            tensors = make_variants(template, msg["outputs"], i + 1, msg["seed"], only=i)[0]
             (args, kwargs), _ = replace_tensors((template_args, template_kwargs), tensors)
-            check_first = i == 0
-            if check_first:
+            if i == 0:  # checked like any call (guards, forbidden calls), not timed
                 reply = self.guarded(self.entry, args, kwargs, self.requires)
                 if reply["status"] != "ok":
                     return reply
@@ -312,10 +351,19 @@ class Worker:
                 ms = self._timed(self.entry, args, kwargs)
             if i >= msg["warmup"]:
                 times.append(ms)
-            self.variants.append([t for t, out in zip(tensors, msg["outputs"], strict=True) if out])
+            if i in keep:
+                self.variants[i] = [t.cpu() for t, out in zip(tensors, msg["outputs"], strict=True) if out]
+            del tensors, args, kwargs
         return {"status": "ok", "result": times, "tensors": []}
 
     def _timed(self, fn, args, kwargs) -> float:
+        from labkernels.grading.replay import Replay
+
+        if isinstance(fn, Replay):  # scratch copies made here, before the clock starts
+            prepared = fn.prepare(args, kwargs)
+            call = lambda: Replay.launch(prepared)  # noqa: E731
+        else:
+            call = lambda: fn(*args, **kwargs)  # noqa: E731
         if self.event is not None:
             start, end = self.event(enable_timing=True), self.event(enable_timing=True)
             # The GPU is idle here (the last repetition was synchronised). Busy it for about a millisecond
@@ -325,12 +373,12 @@ class Worker:
             # kernel of 50 us).
             self.gpu_busy(GPU_BUSY_CYCLES)
             start.record()
-            fn(*args, **kwargs)
+            call()
             end.record()
             self.synchronize()
             return start.elapsed_time(end)
         t0 = self.perf_counter()
-        fn(*args, **kwargs)
+        call()
         return (self.perf_counter() - t0) * 1e3
 
 
@@ -341,7 +389,10 @@ def main(fd_in: int, fd_out: int) -> int:
         worker = Worker(setup)
     except BaseException as e:  # noqa: BLE001  (an answer that does not even load fails every case, with why)
         detail = traceback.format_exception_only(type(e), e)[-1].strip()[:300]
-        send(conn_out, {"status": "load_error", "reason": f"your code could not be loaded: {detail}"})
+        what = "the grader could not replay your kernels" if setup["answer"]["kind"] == "replay" else (
+            "your code could not be loaded"
+        )
+        send(conn_out, {"status": "load_error", "reason": f"{what}: {detail}"})
         return 3
     send(conn_out, {"status": "ready"})
     while True:

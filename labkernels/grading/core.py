@@ -228,7 +228,8 @@ class Grader:
         """Median ms of the answer's call that `fn` makes (`lambda: student(x, y, out)`), each timed
         repetition on fresh inputs it has never seen (so a memo of an earlier result cannot help); a sample of
         the timed repetitions' outputs is then read back and checked: written everywhere, and `check(*args)`
-        (the same call's arguments, this repetition's tensors) passes."""
+        (the same call's arguments, this repetition's tensors) passes. On the GPU lane a Triton exercise's
+        answer is timed by the grader's replay of its kernels (`_time_replayed`)."""
         self._not_skipping()
         with self.student.capturing() as calls:
             fn()
@@ -242,13 +243,28 @@ class Grader:
             raise RuntimeError("time_answer: the call has no output tensor (use guarded_empty or g.output)")
         warmup, reps = (5, 20) if self.lane == "gpu" else (1, 3)
         seed = self.random.getrandbits(31)
-        times = self.student.time(args, kwargs, is_out, seed=seed, warmup=warmup, reps=reps)
+        picks = sorted(self.random.sample(range(warmup, warmup + reps), k=min(3, reps)))
+        if self.lane == "gpu" and self.student.requires == "triton":
+            times, backs = self._time_replayed(args, kwargs, is_out, seed, warmup, reps, picks)
+        else:  # the answer's own worker holds the clock (an exercise whose answer is not a Triton kernel)
+            times = self.student.time(args, kwargs, is_out, seed=seed, warmup=warmup, reps=reps)
+            backs = self.student.fetch(picks)
         if len(times) != reps or not all(isinstance(t, float) and t > 0 for t in times):
             raise CaseFailed("the timed calls did not all complete")
-        picks = sorted(self.random.sample(range(warmup, warmup + reps), k=min(3, reps)))
-        for pick, back in zip(picks, self.student.fetch(picks), strict=True):
+        for pick, back in zip(picks, backs, strict=True):
             self.check_variant(args, kwargs, is_out, seed, pick, back, check)
         return statistics.median(times)
+
+    def _time_replayed(self, args, kwargs, is_out, seed, warmup, reps, picks):
+        """A Triton answer's time, taken outside its process: its launches are recorded in its worker, then
+        replayed on fresh inputs by a worker that runs none of its Python (`replay`)."""
+        record = self.student.record(args, kwargs)
+        timer = self.student.replayed(record)
+        try:
+            times = timer.time(args, kwargs, is_out, seed=seed, warmup=warmup, reps=reps, keep=picks)
+            return times, timer.fetch(picks)
+        finally:
+            timer.close()
 
     def check_variant(self, args, kwargs, is_out, seed, index, outs, check) -> None:
         """Check timed repetition `index`: its outputs `outs` (read back) against its inputs (regenerated)."""

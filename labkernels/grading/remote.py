@@ -243,9 +243,25 @@ class Student:
         finally:
             self._capture = None
 
-    def time(self, args, kwargs, outputs: list[bool], *, seed: int, warmup: int, reps: int) -> list[float]:
-        msg = {"op": "time", "args": args, "kwargs": kwargs, "outputs": outputs, "seed": seed}
+    def time(
+        self, args, kwargs, outputs: list[bool], *, seed: int, warmup: int, reps: int, keep=None
+    ) -> list[float]:
+        msg = {"op": "time", "args": args, "kwargs": kwargs, "outputs": outputs, "seed": seed, "keep": keep}
         return list(self.request({**msg, "warmup": warmup, "reps": reps})["result"])
+
+    def record(self, args, kwargs) -> dict:
+        """The answer's kernel launches on these arguments, as data (`replay.LaunchRecorder`)."""
+        return self.request({"op": "record", "args": args, "kwargs": kwargs})["result"]
+
+    def replayed(self, record: dict) -> Student:
+        """A timing worker that replays `record` (the grader's launcher; none of the answer's Python)."""
+        return Student(
+            {"kind": "replay", "launches": record},
+            requires=None,
+            deadline=self.deadline,
+            lane=self.lane,
+            timeout_s=self.timeout_s,
+        )
 
     def fetch(self, indices: list[int]) -> list[list[torch.Tensor]]:
         back = self.request({"op": "fetch", "indices": indices})["tensors"]
