@@ -43,6 +43,19 @@ def slow_with_a_patched_clock(x, out):
     _one_program_kernel[(1,)](x, out, x.numel(), BLOCK=BLOCK)
 
 
+def slow_with_a_patched_worker_timer(x, out):
+    """Right, slow, and it replaces the timing method of the worker that runs it, found on its own stack."""
+    import sys
+
+    frame = sys._getframe()
+    while frame is not None:
+        worker = frame.f_locals.get("self")
+        if type(worker).__name__ == "Worker":
+            type(worker)._timed = lambda self, fn, args, kwargs: (fn(*args, **kwargs), 1e-6)[1]
+        frame = frame.f_back
+    _one_program_kernel[(1,)](x, out, x.numel(), BLOCK=BLOCK)
+
+
 @triton.jit
 def _twice_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -133,12 +133,13 @@ def test_a_triton_answer_is_timed_by_the_grader_s_replay_of_its_kernels(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_clock_patched_in_the_answer_s_process_moves_no_replayed_time():
-    """The attack has teeth where the answer's own worker holds the clock (T.1), and none where the grader
+@pytest.mark.parametrize("name", ["slow_with_a_patched_clock", "slow_with_a_patched_worker_timer"])
+def test_a_clock_patched_in_the_answer_s_process_moves_no_replayed_time(name):
+    """The attacks have teeth where the answer's own worker holds the clock (T.1), and none where the grader
     replays its kernels (T.2)."""
-    own_clock = grade("T.1", submissions.slow_with_a_patched_clock, speed=True)
+    own_clock = grade("T.1", getattr(submissions, name), speed=True)
     assert own_clock["earned"] == 1, format_record(own_clock)
-    replayed = grade("T.2", submissions.slow_with_a_patched_clock, speed=True)
+    replayed = grade("T.2", getattr(submissions, name), speed=True)
     assert replayed["earned"] == 0, format_record(replayed)
     assert "of the measured copy bandwidth" in format_record(replayed)
 
