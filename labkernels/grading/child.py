@@ -145,7 +145,7 @@ class Worker:
         if answer["kind"] == "data":
             value = answer["value"]
             return lambda: value
-        if answer["kind"] == "replay":  # the grader's timing worker: the learner's kernels, no Python of theirs
+        if answer["kind"] == "replay":  # the grader's timing worker: the learner's kernels, not their Python
             from labkernels.grading.replay import Replay
 
             return Replay(answer["launches"], workdir)

@@ -70,7 +70,8 @@ def describe_arg(arg, template: list[torch.Tensor], scratch: dict) -> list:
         return ["value", arg]
     if type(arg).__name__ == "TensorDescriptor":
         raise ReplayError(
-            "the grader replays kernels given pointers; a host-side TensorDescriptor argument is not replayed "
+            "the grader replays kernels given pointers; a host-side TensorDescriptor argument is not "
+            "replayed "
             "(make the descriptor inside the kernel with tl.make_tensor_descriptor, or pass the tensor)"
         )
     return ["value", None]  # a constexpr (its value is compiled into the kernel; the launcher skips it)
@@ -222,7 +223,8 @@ class Replay:
             meta.write_text(kernel["metadata"])
             cubin.write_bytes(kernel["cubin"])
             signature = dict(kernel["signature"])
-            src = SimpleNamespace(signature=signature, constants={}, fn=SimpleNamespace(arg_names=list(signature)))
+            names = SimpleNamespace(arg_names=list(signature))
+            src = SimpleNamespace(signature=signature, constants={}, fn=names)
             group = {"kernel.json": str(meta), "kernel.cubin": str(cubin)}
             self.kernels.append(CompiledKernel(src, group, f"replay{i}"))
         self.launches = record["launches"]
