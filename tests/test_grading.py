@@ -144,6 +144,16 @@ def test_a_clock_patched_in_the_answer_s_process_moves_no_replayed_time(name):
     assert "of the measured copy bandwidth" in format_record(replayed)
 
 
+def test_an_answer_that_reads_a_dunder_attribute_keeps_its_own_module_name():
+    """`type(w).__name__` puts `__name__` among the function's names: shipping the test module's `__name__`
+    with it renamed the answer's module, and its own kernel was refused as "not yours"."""
+    from labkernels.grading.sandbox import bundle
+
+    assert "\n__name__ = " not in bundle(submissions.slow_with_a_patched_worker_timer)["source"]
+    rec = grade("T.2", submissions.slow_with_a_patched_worker_timer)
+    assert (rec["earned"], rec["possible"]) == (1, 1), format_record(rec)
+
+
 def test_unknown_exercise_is_a_clear_error():
     with pytest.raises(KeyError, match="no exercise '9.9'"):
         grade("9.9", submissions.correct)

@@ -67,7 +67,9 @@ class _Collector:
             raise TypeError(f"cannot read the source of {name!r}: {e}") from None
         self.functions[name] = source
         for ref in sorted(_code_names(fn.__code__)):
-            if ref in fn.__globals__:
+            # co_names holds attribute names too: `type(x).__name__` names the module's `__name__`, which
+            # must not ship (the answer's module is "submission", the name its kernels are known by).
+            if ref in fn.__globals__ and not (ref.startswith("__") and ref.endswith("__")):
                 self.add_global(ref, fn.__globals__[ref])
 
     def add_global(self, name: str, value) -> None:
