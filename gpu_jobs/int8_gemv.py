@@ -2,10 +2,14 @@
 weights and the prologue-fused matmul kernel, and cuBLASLt's fused bias + GELU epilogue beside chapter 05's.
 
 Rows (labkernels/reference/ch05_int8_gemv.csv, read by notebook 05 sections 6 and 7):
-- kind "int8": at K x N = 4096 x 4096 and 4096 x 14336, M in {1, 16}: cuBLAS on bf16 weights (`a @ w16`),
-  `int8_gemv` (its tuned config; the int8 -> bf16 conversion by integer adds), the same config with the plain
-  cast (`magic=False`), and `int8_matmul(path="fused")`. Each output poisoned by a fresh allocation, checked
-  against fp64 (fresh inputs); timed as CUDA-graph replays (host out) and as plain calls (host in).
+- kind "int8": at K x N = 4096 x 4096 and 4096 x 14336, M in {1, 16}: cuBLAS on bf16 weights (`a @ w16`, with
+  W stored (K, N) and K-major), `int8_gemv` on K-major int8 weights (`quantize(w, k_major=True)`: its tuned
+  config, the int8 conversion by integer adds), the same with the plain cast (`magic=False`), `int8_gemv` on
+  (K, N) weights (the "cols" design) and `int8_matmul(path="fused")`. Each output poisoned by a fresh
+  allocation, checked against fp64 (fresh inputs); timed as CUDA-graph replays of one weight matrix
+  (`us_graph`: it can stay in the 50 MB L2 between replays), replays that rotate through copies of the
+  weights past 120 MB (`us_graph_hbm`: every replay reads from HBM, as a model's next layer does), and plain
+  calls (host in). `vs_cublas_*`: the faster cuBLAS layout's time over the row's, timed the same way.
 - kind "epilogue": gelu(a @ b + bias) at 4096^3 bf16: eager (cuBLAS, then two passes), cuBLAS without the
   epilogue, `torch._addmm_activation(bias, a, b, use_gelu=True)` (cuBLASLt's GELU epilogue: the tanh form),
   and `epilogue.matmul_bias_gelu` (erf form).
@@ -17,6 +21,7 @@ Rows (labkernels/reference/ch05_int8_gemv.csv, read by notebook 05 sections 6 an
 from __future__ import annotations  # noqa: I001  (labkernels before triton: it sets the lane)
 
 import argparse
+import math
 import sys
 import time
 
@@ -47,41 +52,74 @@ def timed(row: dict, fn, timed_: bool, base: dict | None) -> dict:
     return row
 
 
+def copies_for(nbytes: int) -> int:
+    """How many copies of the weights pass 120 MB: rotating through them, every replay reads from HBM."""
+    return max(2, math.ceil(120e6 / nbytes))
+
+
+def rotating(calls: list):
+    """One call that runs the next of `calls` each time (a CUDA graph captures the whole cycle)."""
+    state = {"i": 0}
+
+    def call():
+        calls[state["i"] % len(calls)]()
+        state["i"] += 1
+
+    return call
+
+
+def int8_impls(a, w):
+    """name -> call for one set of weights w = (w16 (K, N), w16 K-major, w_int8 K-major, w_int8 (K, N), scale)."""
+    w16, w16_t, w_k, w_n, scale = w
+    return {
+        "cublas bf16 weights": lambda: a @ w16,
+        "cublas bf16 weights, K-major": lambda: a @ w16_t,
+        "int8_gemv": lambda: prologue.int8_gemv(a, w_k, scale),
+        "int8_gemv plain cast": lambda: prologue.int8_gemv(a, w_k, scale, magic=False),
+        "int8_gemv N-contiguous": lambda: prologue.int8_gemv(a, w_n, scale),
+        "int8_matmul fused": lambda: prologue.int8_matmul(a, w_n, scale, path="fused"),
+    }
+
+
+def weights(k: int, n: int, dtype, device):
+    w_n, scale = prologue.quantize(torch.randn(k, n, device=device).to(dtype))
+    w16 = prologue.dequantize(w_n, scale)
+    return w16, w16.t().contiguous().t(), w_n.t().contiguous().t(), w_n, scale
+
+
 def int8_rows(m: int, k: int, n: int, dtype, device, timed_: bool) -> list[dict]:
     a = torch.randn(m, k, device=device).to(dtype)
-    w_int8, scale = prologue.quantize(torch.randn(k, n, device=device).to(dtype))
-    w16 = prologue.dequantize(w_int8, scale)
-    ref = prologue.reference(a, w_int8, scale)
-    config = prologue._gemv_config(  # the tuned config (tuning timed every candidate: printed below)
-        a, w_int8, scale, torch.empty(m, n, device=device, dtype=dtype),
-        torch.empty(prologue._max_splits(n, k, device), m, n, device=device), "tf32",
-    )  # fmt: skip
+    sets = [weights(k, n, dtype, device) for _ in range(copies_for(k * n) if timed_ else 1)]
+    ref = prologue.reference(a, sets[0][3], sets[0][4])
     if timed_:
-        for cfg in prologue.GEMV_GPU_CONFIGS:
-            t = timing.graph_ms(lambda cfg=cfg: prologue.int8_gemv(a, w_int8, scale, config=cfg))
+        w_k = sets[0][2]
+        for cfg in prologue.GEMV_GPU_CONFIGS[prologue.gemv_design(a, w_k)]:
+            t = timing.graph_ms(lambda cfg=cfg: prologue.int8_gemv(a, w_k, sets[0][4], config=cfg))
             print(f"  tuner candidate {cfg}: {t * 1e3:.2f} us (graph)", flush=True)
-    impls = {
-        "cublas bf16 weights": lambda: a @ w16,
-        "int8_gemv": lambda: prologue.int8_gemv(a, w_int8, scale, config=config),
-        "int8_gemv plain cast": lambda: prologue.int8_gemv(a, w_int8, scale, config=config, magic=False),
-        "int8_matmul fused": lambda: prologue.int8_matmul(a, w_int8, scale, path="fused"),
-    }
-    rows, base = [], None
-    weight_bytes = {"cublas bf16 weights": 2 * k * n}
-    for impl, fn in impls.items():
+    per_set = [int8_impls(a, w) for w in sets]
+    rows = []
+    for impl, fn in per_set[0].items():
         row = {"kind": "int8", "shape": f"{m}x{n}x{k}", "dtype": str(dtype)[6:], "M": m, "impl": impl,
-               "config": "x".join(map(str, config)) if impl.startswith("int8_gemv") else ""}  # fmt: skip
-        err = rel_err(fn(), ref)
+               "design": prologue.gemv_design(a, sets[0][2] if impl in ("int8_gemv", "int8_gemv plain cast")
+                                              else sets[0][3]) if impl.startswith("int8_gemv") else ""}  # fmt: skip
+        out = fn()
+        err = rel_err(out, ref)
         row |= {"err": err, "ok": "ok" if err <= TOL else "FAIL"}
-        row = timed(row, fn, timed_, base)
         if timed_:
-            row["weight_gbps_graph"] = weight_bytes.get(impl, k * n) / (row["us_graph"] * 1e3)
-        base = base or row
+            row["us_graph"] = 1e3 * timing.graph_ms(fn)
+            row["us_graph_hbm"] = 1e3 * timing.graph_ms(rotating([calls[impl] for calls in per_set]))
+            row["us_plain"] = 1e3 * timing.time_ms(fn)
+            weight_bytes = 2 * k * n if impl.startswith("cublas") else k * n
+            row["weight_gbps_graph"] = weight_bytes / (row["us_graph"] * 1e3)
+            row["weight_gbps_hbm"] = weight_bytes / (row["us_graph_hbm"] * 1e3)
         rows.append(row)
-        print(
-            "  ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in row.items()),
-            flush=True,
-        )
+    if timed_:  # against the faster of cuBLAS's two layouts, timed the same way
+        for mode in ("graph", "graph_hbm", "plain"):
+            best = min(r[f"us_{mode}"] for r in rows if r["impl"].startswith("cublas"))
+            for r in rows:
+                r[f"vs_cublas_{mode}"] = best / r[f"us_{mode}"]
+    for row in rows:
+        print("  ".join(f"{c}={v:.4g}" if isinstance(v, float) else f"{c}={v}" for c, v in row.items()), flush=True)
     return rows
 
 

@@ -316,28 +316,33 @@ def _gemv_bound(got, exact, dtype):
     assert (got.double() - exact).abs().max().item() <= ulp + 1e-4
 
 
+@pytest.mark.parametrize("k_major", [False, True])
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
 @pytest.mark.parametrize("mnk", GEMV_SHAPES)
-def test_int8_gemv(mnk, dtype):
+def test_int8_gemv(mnk, dtype, k_major):
     m, n, k = mnk
     a = _randn(m, k, dtype=dtype)
-    w_int8, scale = prologue.quantize(_randn(k, n))
+    w_int8, scale = prologue.quantize(_randn(k, n), k_major=k_major)
+    assert (w_int8.stride() == (1, k)) == k_major
     scale = scale.to(dtype)
+    design = prologue.gemv_design(a, w_int8)
+    assert design == ("cols" if not k_major else "row" if m == 1 else "rows_dot")
     got = prologue.int8_gemv(a, w_int8, scale)
     _gemv_bound(got, prologue.reference(a, w_int8, scale), dtype)
     assert torch.equal(got, prologue.int8_gemv(a, w_int8, scale))  # the K slices are added in order
     assert torch.equal(got, prologue.int8_matmul(a, w_int8, scale, path="gemv"))
 
 
+@pytest.mark.parametrize("m, k_major", [(7, False), (7, True), (1, True)])  # the cols, rows_dot, row designs
 @pytest.mark.parametrize("per_sm", [0, 1, 8])  # one K slice (the scale in the kernel), several (in the sum)
-def test_int8_gemv_writes_every_output_split_or_not(per_sm, monkeypatch):
+def test_int8_gemv_writes_every_output_split_or_not(per_sm, m, k_major, monkeypatch):
     monkeypatch.setattr(prologue, "sm_count", lambda device=None: 4)  # the same plan on both lanes
-    m, n, k = 7, 300, 200
+    n, k = 300, 200
     config = (32, 32, 4, 1, per_sm)
     splits, _ = prologue.gemv_splits(n, k, 32, 32, per_sm, 4)
     assert (splits > 1) == (per_sm == 8)
     a = _randn(m, k, dtype=torch.float16)
-    w_int8, scale = prologue.quantize(_randn(k, n))
+    w_int8, scale = prologue.quantize(_randn(k, n), k_major=k_major)
     scale = scale.half()
     out = torch.full((m, n), float("nan"), device=DEVICE, dtype=torch.float16)  # poisoned
     partials = torch.full((splits, m, n), float("nan"), device=DEVICE)
@@ -345,18 +350,24 @@ def test_int8_gemv_writes_every_output_split_or_not(per_sm, monkeypatch):
     _gemv_bound(out, prologue.reference(a, w_int8, scale), torch.float16)
 
 
+@pytest.mark.parametrize("k_major", [False, True])
 @pytest.mark.parametrize("magic", [True, False])
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
-def test_int8_gemv_converts_every_int8_value_exactly(dtype, magic):
-    """One-hot rows of a pick rows of W: the output is W's integers themselves, -128 and 127 included."""
+def test_int8_gemv_converts_every_int8_value_exactly(dtype, magic, k_major):
+    """One-hot rows of a pick rows of W: the output is W's integers themselves, -128 and 127 included (16
+    rows at once, and one row at a time: the M = 1 kernel of K-major weights)."""
     k, n = 256, 40
     ks = torch.arange(16) * 16 + 3
     w_int8 = ((torch.arange(k)[:, None] + 7 * torch.arange(n)[None, :]) % 256 - 128).to(torch.int8).to(DEVICE)
+    if k_major:
+        w_int8 = w_int8.t().contiguous().t()
     a = torch.zeros(16, k, device=DEVICE, dtype=dtype)
     a[torch.arange(16), ks] = 1
-    got = prologue.int8_gemv(a, w_int8, torch.ones(n, device=DEVICE, dtype=dtype), magic=magic)
+    ones = torch.ones(n, device=DEVICE, dtype=dtype)
     expected = w_int8[ks.to(DEVICE)].to(dtype)
-    assert torch.equal(got, expected)
+    assert torch.equal(prologue.int8_gemv(a, w_int8, ones, magic=magic), expected)
+    rows = torch.cat([prologue.int8_gemv(a[i : i + 1], w_int8, ones, magic=magic) for i in range(16)])
+    assert torch.equal(rows, expected)
     assert set(expected.flatten().tolist()) == set(range(-128, 128))  # every value was checked
 
 
@@ -385,6 +396,11 @@ def test_int8_gemv_given_config_that_splits_more_than_the_tuned_ones():
     assert splits > prologue._max_splits(45, 640, a.device)
     got = prologue.int8_gemv(a, w_int8, scale, config=config)
     _gemv_bound(got, prologue.reference(a, w_int8, scale), torch.float32)
+    w_k = w_int8.t().contiguous().t()
+    for design, rows in (("row", a[:1]), ("rows_dot", a)):  # the K-major kernels, split as finely
+        assert splits > prologue._max_splits(45, 640, a.device, design)
+        got = prologue.int8_gemv(rows, w_k, scale, config=config)
+        _gemv_bound(got, prologue.reference(rows, w_k, scale), torch.float32)
     for bad in ((16, 16, 4, 1), (16, 24, 4, 1, 2), (16, 16, 0, 1, 2), [16, 16, 4, 0, 2], (16.0, 16, 4, 1, 2)):
         with pytest.raises(ValueError, match="config"):
             prologue.int8_gemv(a, w_int8, scale, config=bad)

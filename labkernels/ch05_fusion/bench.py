@@ -281,21 +281,46 @@ def int8_path_table(table: Table) -> Table:
 
 
 def int8_gemv_table(table: Table) -> Table:
-    """gpu_jobs/int8_gemv.py's decode rows (`ch05_int8_gemv`, kind "int8"), one row per (M, N x K): cuBLAS on
-    bf16 weights, the GEMV and the fused matmul kernel in us, graph replays and plain calls, and the GEMV's
-    speed-up over cuBLAS (above 1: int8 is faster)."""
+    """gpu_jobs/int8_gemv.py's decode rows (`ch05_int8_gemv`, kind "int8"), one row per (M, N x K), in us:
+    the faster cuBLAS layout on bf16 weights, `int8_gemv` on K-major int8 weights (its design), chapter 05's
+    first GEMV on (K, N) weights ("cols") and the fused matmul kernel, as graph replays of one matrix; the
+    GEMV's speed-up over cuBLAS there and with the weights read from HBM (rotating copies), and in plain
+    calls; the TB/s at which the GEMV reads its weights from HBM."""
     cases: dict[tuple, dict] = {}
     for r in table.where(kind="int8").rows:
         cases.setdefault((r["M"], r["shape"]), {})[r["impl"]] = r
     rows = []
     for (m, shape), by in cases.items():
-        cub, gemv, fused = by["cublas bf16 weights"], by["int8_gemv"], by["int8_matmul fused"]
+        gemv = by["int8_gemv"]
+        cublas = min((r for name, r in by.items() if name.startswith("cublas")), key=lambda r: r["us_graph"])
         _, n, k = shape.split("x")
         rows.append(
-            {"M": m, "NxK": f"{n}x{k}", "cublas_graph_us": cub["us_graph"], "gemv_graph_us": gemv["us_graph"],
-             "fused_graph_us": fused["us_graph"], "gemv_vs_cublas_graph": cub["us_graph"] / gemv["us_graph"],
-             "cublas_plain_us": cub["us_plain"], "gemv_plain_us": gemv["us_plain"],
-             "gemv_vs_cublas_plain": cub["us_plain"] / gemv["us_plain"]}
+            {"M": m, "NxK": f"{n}x{k}", "design": gemv["design"], "cublas_us": round(cublas["us_graph"], 1),
+             "gemv_us": round(gemv["us_graph"], 1), "x_cublas": round(gemv["vs_cublas_graph"], 2),
+             "x_cublas_hbm": round(gemv["vs_cublas_graph_hbm"], 2),
+             "hbm_tbps": round(gemv["weight_gbps_hbm"] / 1e3, 2),
+             "cols_us": round(by["int8_gemv N-contiguous"]["us_graph"], 1),
+             "fused_us": round(by["int8_matmul fused"]["us_graph"], 1),
+             "x_cublas_plain": round(gemv["vs_cublas_plain"], 2)}
+        )  # fmt: skip
+    return Table(rows)
+
+
+def compile_host_table(table: Table) -> Table:
+    """experiments/compile_host.py's record (`ch05_compile_host`): per `dynamic` and chain length, the host
+    time per call of each round, and per call the GPU kernels, their time, the Python calls and the graphs
+    compiled (the first round's; the second round repeats them)."""
+    cases: dict[tuple, list] = {}
+    for r in table.rows:
+        cases.setdefault((r["dynamic"], r["n_ops"]), []).append(r)
+    rows = []
+    for (dynamic, n_ops), runs in cases.items():
+        runs.sort(key=lambda r: r["round"])
+        first = runs[0]
+        rows.append(
+            {"dynamic": dynamic, "n_ops": n_ops, **{f"host_us_{r['round']}": r["host_us"] for r in runs},
+             "kernels": first["kernels"], "gpu_us": first["gpu_us"], "py_calls": first["py_calls"],
+             "graphs": first["graphs"]}
         )  # fmt: skip
     return Table(rows)
 

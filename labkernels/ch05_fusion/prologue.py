@@ -72,10 +72,14 @@ def _prune(configs, named_args, **kwargs):
 CPU_CONFIGS = [_config(32, 32, 32, 1, 4, group=4)]
 
 
-def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-column int8: (w_int8 (K, N), scale (N,)) with w ≈ w_int8 * scale."""
+def quantize(w: torch.Tensor, *, k_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-column int8: (w_int8 (K, N), scale (N,)) with w ≈ w_int8 * scale. `k_major=True` stores
+    the same (K, N) values with K contiguous (strides (1, K)), as nn.Linear keeps its weight: each output's
+    weights are one contiguous run of K bytes, the layout `int8_gemv` streams fastest at decode."""
     scale = w.abs().amax(dim=0).clamp(min=1e-8) / 127.0
     w_int8 = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+    if k_major:
+        w_int8 = w_int8.t().contiguous().t()
     return w_int8, scale.to(w.dtype)
 
 
@@ -353,15 +357,25 @@ GEMV_MAX_M = 16  # rows padded to tl.dot's minimum of 16
 GEMV_AUTO = True
 # (BLOCK_N, BLOCK_K, warps, stages, programs per SM): the split-K count is chosen so that the column tiles
 # times the K slices give about that many programs an SM (0: one slice, no second kernel). The GPU lane
-# times these once per shape.
-GEMV_GPU_CONFIGS = [
-    (64, 256, 4, 4, 2),
-    (128, 128, 4, 4, 2),
-    (32, 256, 4, 4, 4),
-    (64, 128, 4, 5, 4),
-    (32, 256, 4, 4, 0),
-]
-GEMV_CPU_CONFIG = (32, 32, 4, 1, 2)
+# times a design's candidates once per shape. Three designs, by the weights' layout and M:
+# - "cols": W with N contiguous (`quantize`'s default): chapter 05's first GEMV, a 16-row tl.dot tile.
+# - "row": W stored K-major (`quantize(w, k_major=True)`) and M = 1: the CUDA cores, no tensor core.
+# - "rows_dot": W stored K-major and 2 to 16 rows: tl.dot with the weights as the wide operand.
+# The K-major candidates are the best of a sweep on the H200 (experiments/weight_gemv.py).
+GEMV_GPU_CONFIGS = {
+    "cols": [(64, 256, 4, 4, 2), (128, 128, 4, 4, 2), (32, 256, 4, 4, 4), (64, 128, 4, 5, 4), (32, 256, 4, 4, 0)],
+    "row": [(16, 512, 4, 3, 0), (32, 256, 4, 3, 0), (8, 512, 4, 3, 0)],
+    "rows_dot": [(64, 256, 4, 4, 2), (64, 128, 4, 2, 2), (64, 128, 4, 4, 0)],
+}
+GEMV_CPU_CONFIG = {"cols": (32, 32, 4, 1, 2), "row": (16, 32, 4, 1, 2), "rows_dot": (16, 32, 4, 1, 2)}
+
+
+def gemv_design(a: torch.Tensor, w_int8: torch.Tensor) -> str:
+    """Which GEMV kernel `int8_gemv` runs for these operands: "row", "rows_dot" (W stored K-major) or "cols"."""
+    k_major = w_int8.stride(0) == 1 and w_int8.stride(1) != 1
+    if not k_major:
+        return "cols"
+    return "row" if a.shape[0] == 1 else "rows_dot"
 
 
 @triton.jit
@@ -423,6 +437,94 @@ def _int8_gemv_sum_kernel(
     tl.store(out_ptr + offs, (total * scale).to(out_ptr.dtype.element_ty), mask=mask)  # write MN
 
 
+@triton.jit
+def _int8_as_f32(w, MAGIC: tl.constexpr):
+    """int8 -> fp32, exact. MAGIC: 2^23 + 128 + w as float bits, minus 2^23 + 128 (an integer add and a float
+    subtract, full-rate) instead of the int-to-float instruction, which runs at a quarter of the rate."""
+    if MAGIC:
+        return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _int8_gemv_row_kernel(
+    a_ptr, w_ptr, scale_ptr, out_ptr,  # a (1, K); w (K, N) int8 stored K-major: w[k, n] at n * stride_wn + k
+    N, K, stride_ak, stride_wn, k_per_split,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
+    MAGIC: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """One row of a: no tensor core. Each program streams BLOCK_N outputs' contiguous weight rows, converts
+    them in registers and multiplies on the CUDA cores into a (BLOCK_N, BLOCK_K) tile of fp32 partial sums,
+    summed across K once, after the loop (a reduction per step would cost shuffles in the loop)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped rows: valid addresses, never stored
+    k_start = pid_k * k_per_split
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    a_ptrs = a_ptr + offs_k * stride_ak
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k in tl.range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K, num_stages=STAGES):
+        if EVEN_K:
+            w = tl.load(w_ptrs)  # read BN x BK int8: nearly all the bytes
+            a = tl.load(a_ptrs)  # read BK (L1/L2 serve it to every program)
+        else:  # masked lanes add 0
+            in_k = (k + tl.arange(0, BLOCK_K)) < K
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0)
+            a = tl.load(a_ptrs, mask=in_k, other=0.0)
+        acc += _int8_as_f32(w, MAGIC) * a.to(tl.float32)[None, :]  # the scale is not here: once, at the end
+        w_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K * stride_ak
+    total = tl.sum(acc, axis=1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SPLIT:  # fp32 partial sums, one row of N a K slice; `_int8_gemv_sum_kernel` adds and scales them
+        tl.store(out_ptr + pid_k.to(tl.int64) * N + cols, total, mask=cols < N)  # write BN fp32
+    else:
+        scale = tl.load(scale_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)  # read BN, once
+        tl.store(out_ptr + cols, (total * scale).to(out_ptr.dtype.element_ty), mask=cols < N)  # write BN
+
+
+@triton.jit
+def _int8_gemv_rows_dot_kernel(
+    a_ptr, w_ptr, scale_ptr, out_ptr,  # a (M, K), M <= 16; w (K, N) int8 stored K-major; out (M, N) or partials
+    M, N, K, stride_am, stride_ak, stride_wn, k_per_split,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
+    MAGIC: tl.constexpr, STAGES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """2 to 16 rows: out^T = W^T a^T on the tensor cores. The converted weight tile is the MMA's wide (left)
+    operand and the few rows of a its narrow one (padded to tl.dot's 16), so no MMA row is wasted on W."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    k_start = pid_k * k_per_split
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, 16)
+    m_ok = offs_m[None, :] < M
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    at_ptrs = a_ptr + offs_m[None, :] * stride_am + offs_k[:, None] * stride_ak  # a^T: (BK, 16)
+    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    for k in tl.range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K, num_stages=STAGES):
+        if EVEN_K:
+            w = tl.load(w_ptrs)  # read BN x BK int8
+            at = tl.load(at_ptrs, mask=m_ok, other=0.0)  # read M x BK
+        else:
+            in_k = (k + tl.arange(0, BLOCK_K)) < K
+            w = tl.load(w_ptrs, mask=in_k[None, :], other=0)
+            at = tl.load(at_ptrs, mask=m_ok & in_k[:, None], other=0.0)
+        b = _int8_as_f32(w, MAGIC).to(a_ptr.dtype.element_ty)  # exact: |w| <= 127
+        acc = tl.dot(b, at, acc, input_precision=INPUT_PRECISION)
+        w_ptrs += BLOCK_K
+        at_ptrs += BLOCK_K * stride_ak
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (cols[:, None] < N) & m_ok
+    if SPLIT:  # partials (splits, M, N): acc is out^T
+        tl.store(out_ptr + pid_k.to(tl.int64) * M * N + offs_m[None, :] * N + cols[:, None], acc, mask=mask)
+    else:
+        scale = tl.load(scale_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        out = (acc * scale[:, None]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offs_m[None, :] * N + cols[:, None], out, mask=mask)  # write M x BN
+
+
 def gemv_splits(
     n: int, k: int, block_n: int, block_k: int, programs_per_sm: int, sms: int
 ) -> tuple[int, int]:
@@ -441,12 +543,22 @@ def _gemv_launch(a, w_int8, scale, out, partials, precision, config, magic=True)
     block_n, block_k, warps, stages, per_sm = config
     splits, k_per_split = gemv_splits(N, K, block_n, block_k, per_sm, sm_count(a.device))
     target = partials[:splits] if splits > 1 else out
-    meta = dict(
-        BLOCK_M=GEMV_MAX_M, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, SPLIT=splits > 1,
-        MAGIC=magic, INPUT_PRECISION=precision, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    args = (a, w_int8, scale, target, M, N, K, *a.stride(), *w_int8.stride(), k_per_split)
-    gemv = launch_cache.launch(_int8_gemv_kernel, (triton.cdiv(N, block_n), splits), args, meta)
+    design = gemv_design(a, w_int8)
+    meta = dict(BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, SPLIT=splits > 1, MAGIC=magic,
+                num_warps=warps, num_stages=stages)  # fmt: skip
+    if design == "cols":
+        kernel = _int8_gemv_kernel
+        args = (a, w_int8, scale, target, M, N, K, *a.stride(), *w_int8.stride(), k_per_split)
+        meta |= dict(BLOCK_M=GEMV_MAX_M, INPUT_PRECISION=precision)
+    elif design == "row":
+        kernel = _int8_gemv_row_kernel
+        args = (a, w_int8, scale, target, N, K, a.stride(1), w_int8.stride(1), k_per_split)
+        meta |= dict(STAGES=stages)
+    else:
+        kernel = _int8_gemv_rows_dot_kernel
+        args = (a, w_int8, scale, target, M, N, K, *a.stride(), w_int8.stride(1), k_per_split)
+        meta |= dict(STAGES=stages, INPUT_PRECISION=precision)
+    gemv = launch_cache.launch(kernel, (triton.cdiv(N, block_n), splits), args, meta)
     if splits == 1:
         return 1, lambda a, w_int8, scale, out, partials: gemv(a, w_int8, scale, out)
     block = 1024 if LANE == "gpu" else 256
@@ -462,25 +574,29 @@ def _gemv_launch(a, w_int8, scale, out, partials, precision, config, magic=True)
     return splits, both
 
 
-def _max_splits(N: int, K: int, device) -> int:
-    configs = GEMV_GPU_CONFIGS if LANE == "gpu" else [GEMV_CPU_CONFIG]
-    return max(gemv_splits(N, K, c[0], c[1], c[4], sm_count(device))[0] for c in configs)
+def _candidates(design: str) -> list[tuple]:
+    return GEMV_GPU_CONFIGS[design] if LANE == "gpu" else [GEMV_CPU_CONFIG[design]]
+
+
+def _max_splits(N: int, K: int, device, design: str = "cols") -> int:
+    return max(gemv_splits(N, K, c[0], c[1], c[4], sm_count(device))[0] for c in _candidates(design))
 
 
 _gemv_configs: dict[tuple, tuple] = {}  # the fastest config per shape, timed once on the GPU lane
 
 
 def _gemv_config(a, w_int8, scale, out, partials, precision) -> tuple:
-    key = (*a.shape, w_int8.shape[1], a.dtype, precision, w_int8.stride(1) == 1)
+    design = gemv_design(a, w_int8)
+    key = (*a.shape, w_int8.shape[1], a.dtype, precision, design)
     if LANE != "gpu":
-        return GEMV_CPU_CONFIG
+        return GEMV_CPU_CONFIG[design]
     if key not in _gemv_configs:
 
         def time_of(config):
             _, launcher = _gemv_launch(a, w_int8, scale, out, partials, precision, config)
             return graph_autotune_bench(lambda: launcher(a, w_int8, scale, out, partials))[0]
 
-        _gemv_configs[key] = min(GEMV_GPU_CONFIGS, key=time_of)
+        _gemv_configs[key] = min(GEMV_GPU_CONFIGS[design], key=time_of)
     return _gemv_configs[key]
 
 
@@ -571,7 +687,8 @@ def int8_gemv(
     precision = input_precision if a.dtype == torch.float32 else "tf32"  # ignored for 16-bit inputs
     out = torch.empty((M, N), device=a.device, dtype=a.dtype)
     if config is None:  # partials for the most slices any tuned config cuts K into
-        partials = torch.empty((_max_splits(N, K, a.device), M, N), device=a.device, dtype=torch.float32)
+        splits = _max_splits(N, K, a.device, gemv_design(a, w_int8))
+        partials = torch.empty((splits, M, N), device=a.device, dtype=torch.float32)
         chosen = _gemv_config(a, w_int8, contiguous_scale, out, partials, precision)
     else:  # partials for this config's slices: no launch writes past them
         chosen = _check_gemv_config(config)
