@@ -21,10 +21,10 @@ import sys
 import labkernels  # noqa: F401
 import torch
 
-import recording
 from labkernels import timing
 from labkernels.ch05_fusion import pointwise
 from labkernels.lane import on_gpu
+from labkernels.results import record
 
 
 def kernel_stats(fn, calls: int = 50) -> tuple[float, float]:
@@ -86,9 +86,8 @@ def main() -> int:
                        for f in long_), key=lambda r: -r[1])  # fmt: skip
         print(f"dynamic={dynamic}: own time grown from 2 to 15 ops:",
               [(f, round(us, 2), round(c, 1)) for f, us, c in grew[:8]], flush=True)  # fmt: skip
-    if args.out:
-        recording.write_csv(os.path.join(args.out, "ch05_compile_host.csv"),
-                            [recording.versioned() | r for r in rows])  # fmt: skip
+    if args.out:  # with its types sidecar: `dynamic` reads back as a bool
+        print(record("ch05_compile_host", rows, args.out, replace=True))
     return 0
 
 

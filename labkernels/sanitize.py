@@ -444,10 +444,13 @@ def _ch05_int8_gemv():
     from labkernels.ch05_fusion import prologue
 
     a, (w8, scale) = rand(3, 300), prologue.quantize(rand(300, 45))  # K: a short last step; N: no whole tile
-    for config in ((32, 64, 4, 1, 0), (32, 64, 4, 1, 8)):  # one K slice; K split, then the ordered sum
-        for magic in (True, False):
-            got = prologue.int8_gemv(a, w8, scale, config=config, magic=magic)
-            close(got, prologue.reference(a, w8, scale), f"int8_gemv {config} magic={magic}", 1e-3)
+    w8_k_major = w8.t().contiguous().t()  # the row (M = 1) and rows_dot (M = 3) kernels
+    for weights, rows in ((w8, a), (w8_k_major, a), (w8_k_major, a[:1])):
+        for config in ((32, 64, 4, 1, 0), (32, 64, 4, 1, 8)):  # one K slice; K split, then the ordered sum
+            for magic in (True, False):
+                got = prologue.int8_gemv(rows, weights, scale, config=config, magic=magic)
+                name = f"int8_gemv {prologue.gemv_design(rows, weights)} {config} magic={magic}"
+                close(got, prologue.reference(rows, w8, scale), name, 1e-3)
 
 
 @entry("ch05.sincos", ("ch05_fusion.horizontal:sincos",))
