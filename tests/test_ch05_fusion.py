@@ -603,8 +603,9 @@ def test_int8_records_back_the_tiles_and_the_path_threshold():
 def test_int8_gemv_record_backs_the_auto_path_and_the_epilogue_row():
     """The H200 record behind GEMV_AUTO and notebook 05's claims: every row checked against fp64; the GEMV on
     K-major weights faster than the fused matmul kernel and than the first (cols) design at every decode
-    point; at one row nearly the byte ratio over cuBLAS on bf16 weights (at least 1.6x, from HBM too), at 16
-    rows a smaller gain; cuBLASLt's GELU epilogue between cuBLAS without an epilogue and chapter 03's kernel."""
+    point; at one row nearly the byte ratio over cuBLAS on bf16 weights (at least 1.6x, from HBM too), at
+    16 rows a smaller gain; cuBLASLt's GELU epilogue between cuBLAS without an epilogue and chapter 03's
+    kernel."""
     from labkernels.ch05_fusion import bench
     from labkernels.results import load_reference
 
@@ -616,7 +617,8 @@ def test_int8_gemv_record_backs_the_auto_path_and_the_epilogue_row():
     assert all(r["gemv_us"] < min(r["fused_us"], r["cols_us"]) for r in rows) and prologue.GEMV_AUTO
     one_row = {r["NxK"]: r for r in rows if r["M"] == 1}
     sixteen = {r["NxK"]: r for r in rows if r["M"] == 16}
-    assert all(r["design"] == "row" and min(r["x_cublas"], r["x_cublas_hbm"]) >= 1.6 for r in one_row.values())
+    assert all(r["design"] == "row" for r in one_row.values())
+    assert all(min(r["x_cublas"], r["x_cublas_hbm"]) >= 1.6 for r in one_row.values())
     assert all(r["design"] == "rows_dot" and r["x_cublas_hbm"] < one_row[nk]["x_cublas_hbm"]
                for nk, r in sixteen.items())  # fmt: skip
     epi = {r["impl"]: r["us_graph"] for r in ref.where(kind="epilogue").rows}
@@ -645,7 +647,8 @@ def test_compile_host_record_steps_once_and_does_not_grow_per_op():
             else:
                 assert len(set(calls)) == 1
     dyn = {(r["round"], r["n_ops"]): r["host_us"] for r in ref.where(dynamic=True).rows}
-    along = max(max(dyn[(rnd, n)] for n in (4, 8, 15)) - min(dyn[(rnd, n)] for n in (4, 8, 15)) for rnd in (1, 2))
+    spread = [[dyn[(rnd, n)] for n in (4, 8, 15)] for rnd in (1, 2)]
+    along = max(max(times) - min(times) for times in spread)
     between = max(abs(dyn[(1, n)] - dyn[(2, n)]) for n in (4, 8, 15))
     assert along < between
 

@@ -27,6 +27,14 @@ def test_experiment_smoke_mode_passes(script):
     assert " 0 failed or errored" in done.stdout
 
 
+@cpu_lane
+def test_weight_gemv_designs_smoke_mode_passes():
+    """Every GEMV design of experiments/weight_gemv.py (int8 and int4, split and not, 1 to 16 rows) matches
+    fp64 under the interpreter: the sweep behind chapter 05's GEMV designs times only correct kernels."""
+    out = _smoke_output("weight_gemv.py")
+    assert out.count("smoke ") >= 20 and "err nan" not in out
+
+
 def _smoke_output(script: str) -> str:
     """stdout of `experiments/<script> --smoke`, which must exit 0."""
     done = subprocess.run(

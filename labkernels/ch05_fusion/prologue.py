@@ -17,10 +17,12 @@ run chapter 03's matmul on it. The fused kernel is chapter 03's tiled matmul wit
 it is written out here so the change is visible.
 
 Up to `GEMV_MAX_M` rows (a decoding step) a matmul tile is the wrong shape: with 16-row tiles, 4096 columns
-make a few dozen programs, too few for 132 SMs to stream W. `int8_gemv` cuts W by columns *and* by K
-(split-K): each program reads one slice of W's int8 rows once, and many programs read at once. The scale is
-applied once per output, after the sum, as (x W_int8) s, not to every weight inside the K loop; the int8 ->
-16-bit conversion uses integer adds instead of the GPU's slow int-to-float instruction.
+make a few dozen programs, too few for 132 SMs to stream W. `int8_gemv` picks a kernel by the weights' layout
+and M (`gemv_design`): with W stored K-major (`quantize(w, k_major=True)`) every output's weights are one
+contiguous run, streamed by a CUDA-core kernel at M = 1 and by a tl.dot kernel with W as the wide operand at
+2-16 rows; with N contiguous, a 16-row tl.dot tile cut by columns *and* by K (split-K). The scale is applied
+once per output, after the sum, as (x W_int8) s, not to every weight inside the K loop; the int8 conversion
+uses integer adds instead of the GPU's slow int-to-float instruction.
 """
 
 from __future__ import annotations
@@ -351,9 +353,9 @@ def _fused(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, input_pre
 # --- the GEMV for a few rows (a decoding step) ------------------------------------------------------------
 
 GEMV_MAX_M = 16  # rows padded to tl.dot's minimum of 16
-# path="auto" takes the GEMV up to GEMV_MAX_M rows: on the H200 it was 1.1-1.5x faster than the fused matmul
-# kernel in graph replays at M = 1 and 16, N x K = 4096 x 4096 and 14336 x 4096, and level with cuBLAS on bf16
-# weights (0.84-1.02x), not the 2x that half the bytes allow (labkernels/reference/ch05_int8_gemv.csv).
+# path="auto" takes the GEMV up to GEMV_MAX_M rows: on the H200 (graph replays, M = 1 and 16, N x K = 4096 x
+# 4096 and 14336 x 4096) it was faster than the fused matmul kernel at every point; on K-major weights it was
+# 1.7-2.0x cuBLAS on bf16 weights at M = 1 and 1.0-1.2x at M = 16 (labkernels/reference/ch05_int8_gemv.csv).
 GEMV_AUTO = True
 # (BLOCK_N, BLOCK_K, warps, stages, programs per SM): the split-K count is chosen so that the column tiles
 # times the K slices give about that many programs an SM (0: one slice, no second kernel). The GPU lane
@@ -363,7 +365,9 @@ GEMV_AUTO = True
 # - "rows_dot": W stored K-major and 2 to 16 rows: tl.dot with the weights as the wide operand.
 # The K-major candidates are the best of a sweep on the H200 (experiments/weight_gemv.py).
 GEMV_GPU_CONFIGS = {
-    "cols": [(64, 256, 4, 4, 2), (128, 128, 4, 4, 2), (32, 256, 4, 4, 4), (64, 128, 4, 5, 4), (32, 256, 4, 4, 0)],
+    "cols": [
+        (64, 256, 4, 4, 2), (128, 128, 4, 4, 2), (32, 256, 4, 4, 4), (64, 128, 4, 5, 4), (32, 256, 4, 4, 0),
+    ],
     "row": [(16, 512, 4, 3, 0), (32, 256, 4, 3, 0), (16, 512, 8, 1, 0)],
     "rows_dot": [(64, 256, 4, 4, 2), (64, 128, 4, 2, 2), (64, 128, 4, 4, 0)],
 }
@@ -371,7 +375,7 @@ GEMV_CPU_CONFIG = {"cols": (32, 32, 4, 1, 2), "row": (16, 32, 4, 1, 2), "rows_do
 
 
 def gemv_design(a: torch.Tensor, w_int8: torch.Tensor) -> str:
-    """Which GEMV kernel `int8_gemv` runs for these operands: "row", "rows_dot" (W stored K-major) or "cols"."""
+    """Which GEMV kernel `int8_gemv` runs: "row" or "rows_dot" (W stored K-major), or "cols"."""
     k_major = w_int8.stride(0) == 1 and w_int8.stride(1) != 1
     if not k_major:
         return "cols"
@@ -486,7 +490,7 @@ def _int8_gemv_row_kernel(
 
 @triton.jit
 def _int8_gemv_rows_dot_kernel(
-    a_ptr, w_ptr, scale_ptr, out_ptr,  # a (M, K), M <= 16; w (K, N) int8 stored K-major; out (M, N) or partials
+    a_ptr, w_ptr, scale_ptr, out_ptr,  # a (M, K), M <= 16; w (K, N) int8 stored K-major; out or partials
     M, N, K, stride_am, stride_ak, stride_wn, k_per_split,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
     MAGIC: tl.constexpr, STAGES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
