@@ -687,8 +687,8 @@ NOT_OPS = {
     "weight_from_torch", "grad_wanted", "row_alignment", "bwd_config", "snug_tiles", "filling_tiles",
     "tile_count", "leftover", "tail_block_n", "tile_coordinates", "planned", "check", "hold_registers",
     "check_sms", "gemv_splits", "gemv_design", "forward_hbm_bytes", "check_cache", "check_query",
-    "num_splits", "traffic", "split_k", "pack_int4", "unpack_int4", "dequantize_int4", "inv_frequencies", "validate_block_table",
-    "gather", "paginate", "quantize_int4",
+    "num_splits", "traffic", "split_k", "pack_int4", "unpack_int4", "dequantize_int4", "inv_frequencies",
+    "validate_block_table", "gather", "paginate", "quantize_int4",
 }  # fmt: skip
 
 # Benchmark harnesses: their functions time and tabulate ops, they are not ops; their kernels (a read stream
