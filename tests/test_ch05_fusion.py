@@ -354,10 +354,10 @@ def test_int8_gemv_writes_every_output_split_or_not(per_sm, m, k_major, monkeypa
 @pytest.mark.parametrize("magic", [True, False])
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
 def test_int8_gemv_converts_every_int8_value_exactly(dtype, magic, k_major):
-    """One-hot rows of a pick rows of W: the output is W's integers themselves, -128 and 127 included (16
-    rows at once, and one row at a time: the M = 1 kernel of K-major weights)."""
-    k, n = 256, 40
-    ks = torch.arange(16) * 16 + 3
+    """One-hot rows of a pick rows of W: the output is W's integers themselves, -128 and 127 included, in
+    every row (7 is prime to 256): 16 rows at once, and one row alone (the M = 1 kernel of K-major weights)."""
+    k, n = 64, 256
+    ks = torch.arange(16) * 4 + 3
     w_int8 = ((torch.arange(k)[:, None] + 7 * torch.arange(n)[None, :]) % 256 - 128).to(torch.int8).to(DEVICE)
     if k_major:
         w_int8 = w_int8.t().contiguous().t()
@@ -366,9 +366,8 @@ def test_int8_gemv_converts_every_int8_value_exactly(dtype, magic, k_major):
     ones = torch.ones(n, device=DEVICE, dtype=dtype)
     expected = w_int8[ks.to(DEVICE)].to(dtype)
     assert torch.equal(prologue.int8_gemv(a, w_int8, ones, magic=magic), expected)
-    rows = torch.cat([prologue.int8_gemv(a[i : i + 1], w_int8, ones, magic=magic) for i in range(16)])
-    assert torch.equal(rows, expected)
-    assert set(expected.flatten().tolist()) == set(range(-128, 128))  # every value was checked
+    assert torch.equal(prologue.int8_gemv(a[:1], w_int8, ones, magic=magic), expected[:1])
+    assert set(expected[0].tolist()) == set(range(-128, 128))  # every value was checked, in one row too
 
 
 def test_int8_gemv_strided_weights_and_bad_inputs():
