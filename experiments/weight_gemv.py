@@ -1,20 +1,29 @@
 """Weight-only GEMV at decode (M = 1 and 16, bf16): which design reads int8 and int4 weights at the read roof.
 
-Chapter 05's `int8_gemv` (W stored (K, N), a 16-row tl.dot tile, split-K) and chapter 07's `int4_matmul` (one
-128-wide group a step) read their weights at 1.3-2.0 and 0.7-1.0 TB/s on the H200, where cuBLAS reads bf16
-weights at 3.2-3.9 TB/s (labkernels/reference/ch05_int8_gemv.csv, ch07_int4.csv). Half or a quarter of the
-bytes only pays when the weights stream at nearly the same rate. Three designs, each with W stored (N, K) as
+Chapter 05's first `int8_gemv` (W stored (K, N), a 16-row tl.dot tile, split-K: its `cols` design) and chapter
+07's `int4_matmul` (one 128-wide group a step) read their weights at 1.3-2.0 and 0.7-1.0 TB/s on the H200,
+where cuBLAS reads bf16 weights at 3.2-3.9 TB/s (the `cols` rows of labkernels/reference/ch05_int8_gemv.csv;
+ch07_int4.csv). Half or a quarter of the
+bytes only pays when the weights stream at nearly the same rate. The designs, each with W stored (N, K) as
 nn.Linear keeps it, so every row of a tile is one contiguous run of K bytes:
 
 - `fma` (M = 1): a (BLOCK_N, BLOCK_K) tile of W converted in registers (int8 by one integer add and one
   float subtract; int4 nibbles by a shift, a mask and a subtract), multiplied by x on the CUDA cores into a
   tile of fp32 partial sums, summed across K once after the loop. No tensor core, no shared memory.
 - `dot` (M <= 16): the same tile, converted to bf16, as the *left* operand of tl.dot against x^T (K, 16):
-  out^T = W x^T. The weights fill the MMA's 64-row side; the 16 rows of x its narrow side.
-- either with split-K (`splits` > 1): K cut in slices, fp32 partials, one small kernel adds them in order.
+  out^T = W x^T. `dot_cast`: the same with the plain int-to-float cast.
+- `dot_t` (int8, M <= 16): x (16, K) on the left, the converted tile transposed on the right.
+- `fma3`, `dot3` (int4): a word's eight nibbles unpacked on a third axis, x read eight values a word; dot3
+  reshapes them to the (BLOCK_N, 8 BLOCK_W) tile in k order for one tl.dot a step.
+- any of them with split-K (`splits` > 1): K cut in slices, fp32 partials, one small kernel adds them in order.
+
+What the H200 found (the second sweep's rows: labkernels/reference/ch05_weight_gemv_sweep.csv): int8 `fma` at
+M = 1 in about half cuBLAS's time on bf16 weights; at M = 16 `dot_t` ahead of `dot`, both short of half; int4
+`fma3` and `dot3` slower than the first sweep's `fma` (its nibble loop is likely instruction-bound; no counter measured it). Chapter 05
+ships `fma` as its `row` design and `dot` as `rows_dot`.
 
 Every output is poisoned (NaN) and checked against fp64 first. Timed as CUDA-graph replays, both with one
-weight matrix (it may stay in the 50 MB L2 between replays: how the issue measured) and rotating through
+weight matrix (it may stay in the 50 MB L2 between replays) and rotating through
 copies whose total passes 120 MB (every replay reads from HBM, as a model's successive layers do).
 
     python experiments/weight_gemv.py --out DIR   # GPU: tables on stdout, DIR/weight_gemv.csv

@@ -355,7 +355,7 @@ def test_int8_gemv_writes_every_output_split_or_not(per_sm, m, k_major, monkeypa
 @pytest.mark.parametrize("dtype", LANE_DTYPES)
 def test_int8_gemv_converts_every_int8_value_exactly(dtype, magic, k_major):
     """One-hot rows of a pick rows of W: the output is W's integers themselves, -128 and 127 included, in
-    every row (7 is prime to 256): 16 rows at once, and one row alone (the M = 1 kernel of K-major weights)."""
+    every row (7 is prime to 256): 16 rows at once, and one row alone (K-major weights: the M = 1 kernel)."""
     k, n = 64, 256
     ks = torch.arange(16) * 4 + 3
     w_int8 = ((torch.arange(k)[:, None] + 7 * torch.arange(n)[None, :]) % 256 - 128).to(torch.int8).to(DEVICE)
