@@ -385,6 +385,18 @@ def test_int8_gemv_strided_weights_and_bad_inputs():
         prologue.int8_gemv(a.clone().requires_grad_(), w_int8, scale)
 
 
+def test_int8_gemv_refuses_offsets_past_32_bits():
+    """The GEMV kernels index a and the (M, N) output with 32-bit offsets: an output whose last offset passes
+    2^31 - 1 is refused with a clear error (expanded tensors: nothing is allocated, nothing launched)."""
+    n = 2**27 + 1  # 16 x n outputs: the last one's offset is past 2^31 - 1
+    a = _randn(16, 1)
+    w_int8 = torch.ones(1, 1, device=DEVICE, dtype=torch.int8).expand(1, n)
+    scale = torch.ones(1, device=DEVICE).expand(n)
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        prologue.int8_gemv(a, w_int8, scale)
+    assert prologue._gemv_reach(a[:15], w_int8) < 2**31 <= prologue._gemv_reach(a, w_int8)
+
+
 def test_int8_gemv_given_config_that_splits_more_than_the_tuned_ones():
     """A config's own K slices size the partials: sized for the tuned configs, a config that cut K into
     more slices wrote past them (the interpreter's heap broke; on the GPU, memory after them)."""

@@ -312,7 +312,8 @@ def int8_matmul(
     if path not in PATHS:
         raise ValueError(f"int8_matmul: path must be one of {PATHS}, got {path!r}")
     wide = matmul_mod.needs_int64(a, w_int8)  # the fused kernel's offsets are 32-bit
-    if path == "gemv" or (path == "auto" and GEMV_AUTO and a.shape[0] <= GEMV_MAX_M):
+    gemv_fits = a.shape[0] <= GEMV_MAX_M and _gemv_reach(a, w_int8) < 2**31
+    if path == "gemv" or (path == "auto" and GEMV_AUTO and gemv_fits):
         return int8_gemv(a, w_int8, scale, input_precision=input_precision)  # 64-bit offsets for W
     if path == "dequantize" or (path == "auto" and (a.shape[0] > FUSED_MAX_M or wide)):
         return matmul_mod.matmul(a, dequantize(w_int8, scale), input_precision=input_precision)
@@ -648,11 +649,24 @@ def _(a, w_int8, scale, input_precision="ieee", config=None, magic=True):
     return torch.empty((a.shape[0], w_int8.shape[1]), device=a.device, dtype=a.dtype)
 
 
+def _gemv_reach(a: torch.Tensor, w_int8: torch.Tensor) -> int:
+    """The largest offset the GEMV kernels compute in 32 bits: into a (its strides), and into the (M, N)
+    output and partials. W's offsets are 64-bit."""
+    (m, k), n = a.shape, w_int8.shape[1]
+    return max((m - 1) * a.stride(0) + (k - 1) * a.stride(1), m * n - 1)
+
+
 def _check_gemv(a, w_int8, scale, input_precision, config, magic) -> None:
     _check(a, w_int8, scale, input_precision)
     if a.shape[0] > GEMV_MAX_M:
         raise ValueError(
             f"int8_gemv: a has {a.shape[0]} rows; the GEMV takes 1 to {GEMV_MAX_M} (use int8_matmul)"
+        )
+    if _gemv_reach(a, w_int8) >= 2**31:
+        raise ValueError(
+            f"int8_gemv: a {tuple(a.shape)} with strides {a.stride()} and an output of {a.shape[0]} x "
+            f"{w_int8.shape[1]} reach past 2^31 elements, and the GEMV indexes them with 32-bit offsets; use "
+            "int8_matmul(path='dequantize') (64-bit offsets)"
         )
     if not isinstance(magic, bool):
         raise TypeError(f"int8_gemv: magic must be True or False, got {magic!r}")
