@@ -310,6 +310,7 @@ def test_int4_both_paths_agree():
         ("scales of another shape", "scales must be"),
         ("misaligned packed", "multiples of 4"),
         ("requires grad", "inference only"),
+        ("an output past 2^31 - 1", "32-bit offsets"),
     ],
 )
 def test_int4_refuses_bad_inputs(change, message):
@@ -332,6 +333,10 @@ def test_int4_refuses_bad_inputs(change, message):
         packed = wide[:, 1:]
     elif change == "requires grad":
         scales = scales.clone().requires_grad_()
+    elif change == "an output past 2^31 - 1":  # expanded: 16 x (2^27 + 1) outputs, nothing allocated
+        n = 2**27 + 1
+        a = _randn(16, 256, dtype=dtype)
+        packed, scales = packed[:1].expand(n, 128), scales[:1].expand(n, 2)
     with pytest.raises((ValueError, TypeError, RuntimeError), match=message):
         int4.int4_matmul(a, packed, scales)
 
