@@ -184,8 +184,8 @@ def _check(a, packed, scales) -> None:
     reach = max((m - 1) * a.stride(0) + k - 1, m * n - 1, (n - 1) * scales.stride(0) + k // GROUP - 1)
     if reach >= 2**31:  # the words' offsets are 64-bit; these are not
         raise ValueError(
-            f"{name}: a {tuple(a.shape)}, the scales {tuple(scales.shape)} or the {m} x {n} output reach past "
-            "2^31 - 1 elements, and the kernel indexes them with 32-bit offsets"
+            f"{name}: a {tuple(a.shape)}, the scales {tuple(scales.shape)} or the {m} x {n} output reach "
+            "past 2^31 - 1 elements, and the kernel indexes them with 32-bit offsets"
         )
     if torch.is_grad_enabled() and (a.requires_grad or scales.requires_grad):
         raise RuntimeError(
