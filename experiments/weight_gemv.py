@@ -364,17 +364,6 @@ DESIGNS = {  # (kind, M) -> designs swept
 }
 
 
-def rotating(calls):
-    """One call that runs the next of `calls` each time (a graph captures the whole cycle)."""
-    state = {"i": 0}
-
-    def call():
-        calls[state["i"] % len(calls)]()
-        state["i"] += 1
-
-    return call
-
-
 def smoke() -> None:
     small = {"fma": (16, 128, 4, 1, 2), "dot": (64, 64, 4, 1, 2), "dot_cast": (64, 64, 4, 1, 2),
              "dot_t": (64, 64, 4, 1, 2), "fma3": (16, 32, 4, 1, 2), "dot3": (64, 16, 4, 1, 2)}  # fmt: skip
@@ -448,7 +437,7 @@ def main() -> int:
                     got = {name: [] for name in base}
                     for _ in range(3):
                         for name, (one, many) in base.items():
-                            fn = one if mode == "one" else rotating(many)
+                            fn = one if mode == "one" else timing.rotating(many)
                             got[name].append(1e3 * timing.graph_ms(fn, rep=60))
                     cub = sorted(got["cublas bf16"])[1]
                     for name, ts in got.items():

@@ -57,17 +57,6 @@ def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(120e6 / nbytes))
 
 
-def rotating(calls: list):
-    """One call that runs the next of `calls` each time (a CUDA graph captures the whole cycle)."""
-    state = {"i": 0}
-
-    def call():
-        calls[state["i"] % len(calls)]()
-        state["i"] += 1
-
-    return call
-
-
 def int8_impls(a, w):
     """name -> call for one set of weights w = (w16 (K, N), w16 K-major, w_int8 K-major, w_int8 (K, N), scale)."""
     w16, w16_t, w_k, w_n, scale = w
@@ -79,6 +68,10 @@ def int8_impls(a, w):
         "int8_gemv N-contiguous": lambda: prologue.int8_gemv(a, w_n, scale),
         "int8_matmul fused": lambda: prologue.int8_matmul(a, w_n, scale, path="fused"),
     }
+
+
+# The GEMV rows: which of a weight set's tensors each one reads (K-major int8, or (K, N) int8).
+GEMV_WEIGHTS = {"int8_gemv": 2, "int8_gemv plain cast": 2, "int8_gemv N-contiguous": 3}
 
 
 def weights(k: int, n: int, dtype, device):
@@ -99,15 +92,16 @@ def int8_rows(m: int, k: int, n: int, dtype, device, timed_: bool) -> list[dict]
     per_set = [int8_impls(a, w) for w in sets]
     rows = []
     for impl, fn in per_set[0].items():
+        design = prologue.gemv_design(a, sets[0][GEMV_WEIGHTS[impl]]) if impl in GEMV_WEIGHTS else ""
         row = {"kind": "int8", "shape": f"{m}x{n}x{k}", "dtype": str(dtype)[6:], "M": m, "impl": impl,
-               "design": prologue.gemv_design(a, sets[0][2] if impl in ("int8_gemv", "int8_gemv plain cast")
-                                              else sets[0][3]) if impl.startswith("int8_gemv") else ""}  # fmt: skip
+               "design": design}  # fmt: skip
         out = fn()
         err = rel_err(out, ref)
         row |= {"err": err, "ok": "ok" if err <= TOL else "FAIL"}
         if timed_:
             row["us_graph"] = 1e3 * timing.graph_ms(fn)
-            row["us_graph_hbm"] = 1e3 * timing.graph_ms(rotating([calls[impl] for calls in per_set]))
+            every_copy = timing.rotating([calls[impl] for calls in per_set])  # each replay reads HBM
+            row["us_graph_hbm"] = 1e3 * timing.graph_ms(every_copy)
             row["us_plain"] = 1e3 * timing.time_ms(fn)
             weight_bytes = 2 * k * n if impl.startswith("cublas") else k * n
             row["weight_gbps_graph"] = weight_bytes / (row["us_graph"] * 1e3)

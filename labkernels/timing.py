@@ -137,6 +137,22 @@ def graph_ms(fn: Callable[[], object], *, rep: int = 100) -> float:
     return time_ms(fn, rep=rep)
 
 
+def rotating(calls: Sequence[Callable[[], object]]) -> Callable[[], None]:
+    """One call that runs the next of `calls` each time, in turn. Under `graph_ms` the graph captures the
+    whole cycle: give each call its own copy of the operands, with the copies together larger than L2, and
+    every replay reads HBM, as a model's next layer does (one matrix replayed can stay in L2)."""
+    if not calls:
+        raise ValueError("rotating needs at least one call")
+    calls = list(calls)
+    state = {"next": 0}
+
+    def call() -> None:
+        calls[state["next"] % len(calls)]()
+        state["next"] += 1
+
+    return call
+
+
 def host_us(fn: Callable[[], object], *, calls: int = 2000, warmup: int = 100, blocks: int = 5) -> float:
     """Host time per call of `fn()` in microseconds: `calls` back-to-back calls, with no wait for the GPU in
     between, timed in `blocks` runs of consecutive calls; the median of the runs' per-call times. This is the

@@ -670,3 +670,15 @@ def test_sweep_leaves_no_progress_line_in_a_notebook(monkeypatch):
     table = sweep(lambda n: {"y": n}, {"n": [1, 2, 3]}, desc="unit")
     assert table.column("y") == [1, 2, 3]
     assert len(shown) == 1 and updates == [({"text/plain": ""}, True)]
+
+
+def test_rotating_runs_each_call_in_turn_and_refuses_none():
+    from labkernels import timing
+
+    seen = []
+    call = timing.rotating([lambda i=i: seen.append(i) for i in range(3)])
+    for _ in range(7):
+        call()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+    with pytest.raises(ValueError, match="at least one"):
+        timing.rotating([])

@@ -355,8 +355,8 @@ def _fused(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, input_pre
 
 GEMV_MAX_M = 16  # rows padded to tl.dot's minimum of 16
 # path="auto" takes the GEMV up to GEMV_MAX_M rows: on the H200 (graph replays, M = 1 and 16, N x K = 4096 x
-# 4096 and 14336 x 4096) it was faster than the fused matmul kernel at every point; on K-major weights it was
-# 1.7-2.0x cuBLAS on bf16 weights at M = 1 and 1.0-1.2x at M = 16 (labkernels/reference/ch05_int8_gemv.csv).
+# 4096 and 14336 x 4096) it was faster than the fused matmul kernel at every point; on K-major weights it
+# was 1.74-2.04x cuBLAS on bf16 weights at M = 1 and 0.96-1.24x at M = 16 (reference/ch05_int8_gemv.csv).
 GEMV_AUTO = True
 # (BLOCK_N, BLOCK_K, warps, stages, programs per SM): the split-K count is chosen so that the column tiles
 # times the K slices give about that many programs an SM (0: one slice, no second kernel). The GPU lane
