@@ -8,7 +8,7 @@ import torch
 
 import labkernels
 from labkernels import traffic
-from labkernels.ch05_fusion import epilogue, horizontal, inductor, pointwise, prologue, rmsnorm
+from labkernels.ch05_fusion import bench, epilogue, horizontal, inductor, pointwise, prologue, rmsnorm
 
 DEVICE = labkernels.DEVICE
 gpu = pytest.mark.skipif(not labkernels.on_gpu(), reason="needs the GPU lane")
@@ -529,6 +529,43 @@ def test_capture_fuses_mul_add_sigmoid_into_one_kernel():
     assert captured.fused_ops() == [("add", "mul", "sigmoid")]
     assert captured.library_calls() == []
     torch.testing.assert_close(captured.output, pointwise.reference_mul_add_sigmoid(x, x * 2, x + 1))
+
+
+def test_parse_fusion_log_reads_nodes_rounds_and_reasons():
+    text = (
+        "===== attempting fusion (1/10): 3 nodes =====\nfuse_nodes_once, candidates:\n"
+        "  ExternKernelSchedulerNode(name='op0')\n"
+        "  SchedulerNode(name='op1'), Pointwise(['[64, 32]', 'origins=OrderedSet([mul_2, add_1, erf])', 'x'])\n"
+        "  SchedulerNode(name='op2'), Reduction(['[32]', 'sum', 'origins=OrderedSet([mean, pow_1])'])\n"
+        "cannot fuse op1 with op2: intermediate nodes between node1 & node2\n"
+        "can fuse (benchmark): fusing op1 with op2 cause 2x speedup\n"
+        "===== attempting fusion (2/10): 3 nodes =====\n"
+        "  FusedSchedulerNode(nodes=op1_op2), snodes: ['SchedulerNode(name=\\'op1\\')']\n"
+        "fusing op1 with op2\n"
+    )
+    log = inductor.parse_fusion_log(text)
+    assert log.nodes == {"op0": ("library call", ()), "op1": ("pointwise", ("add", "erf", "mul")),
+                         "op2": ("reduction (sum)", ("mean", "pow"))}  # fmt: skip
+    assert log.decisions == [
+        inductor.Decision(1, "refused", "op1", "op2", "intermediate nodes between node1 & node2"),
+        inductor.Decision(2, "fused", "op1", "op2", ""),
+    ]
+    assert log.ops("op1_op2") == "add, erf, mul + mean, pow" and log.library_calls() == ["op0"]
+
+
+def test_fusion_log_shows_dequantize_is_never_paired_with_the_library_matmul(capfd):
+    """The int8 case the notebook reads: the dequantize is a pointwise node, the matmul a library call, and
+    no decision pairs the two (the scheduler never considers an extern kernel), in this lane's compile."""
+    cases = bench.fusion_cases(gpu_sizes=False, dtype=torch.float32)
+    fn, args = cases["int8 dequantize + matmul"]
+    log = inductor.fusion_log(fn, *args)
+    kinds = {kind: ops for kind, ops in log.nodes.values()}
+    assert kinds["library call"] == ("mm",) and {"convert_element_type", "mul"} <= set(kinds["pointwise"])
+    extern = log.library_calls()[0]
+    assert not any(extern in (d.first, d.second) for d in log.decisions)
+    assert capfd.readouterr().err == ""  # the log goes to the object, not onto stderr
+    rows = bench.fusion_log_rows("int8", log)
+    assert [r["event"] for r in rows][: len(log.nodes)] == ["node"] * len(log.nodes)
 
 
 # --- GPU only -----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 from labkernels import timing, traffic
 from labkernels.bench import benchmark
 from labkernels.ch03_triton.add_relu import add_relu
-from labkernels.ch05_fusion import epilogue, horizontal, launch, pointwise, prologue, rmsnorm
+from labkernels.ch05_fusion import epilogue, horizontal, inductor, launch, pointwise, prologue, rmsnorm
 from labkernels.lane import DEVICE
 from labkernels.results import Table, load_reference
 from labkernels.roofline import measure_copy_bandwidth
@@ -323,6 +323,39 @@ def compile_host_table(table: Table) -> Table:
              "graphs": first["graphs"]}
         )  # fmt: skip
     return Table(rows)
+
+
+def fusion_cases(gpu_sizes: bool, dtype=torch.bfloat16) -> dict[str, tuple]:
+    """The two graphs whose fusion log chapter 05 reads: weight-only int8 dequantised before a matmul (a
+    decode step's shape when `gpu_sizes`), and RMSNorm after a residual add that is also returned."""
+    m, k, n = (16, 4096, 4096) if gpu_sizes else (4, 256, 64)
+    rows, cols = (4096, 4096) if gpu_sizes else (64, 512)
+    w_int8, scale = prologue.quantize(_random(k, n, dtype=dtype))
+    return {
+        "int8 dequantize + matmul": (prologue.eager, (_random(m, k, dtype=dtype), w_int8, scale)),
+        "RMSNorm + residual": (rmsnorm.reference, tuple(_random(*s, dtype=dtype) for s in ((rows, cols),
+                                                                                        (rows, cols), (cols,)))),
+    }  # fmt: skip
+
+
+def fusion_log_rows(case: str, log: inductor.FusionLog) -> list[dict]:
+    """A fusion log as rows: each node (round 0: its kind and ops), then each round's fusions and refusals
+    (the nodes paired, their ops, the scheduler's reason for a refusal)."""
+    rows = [{"case": case, "round": 0, "event": "node", "node": name, "ops": ", ".join(ops), "other": "",
+             "other_ops": "", "note": kind} for name, (kind, ops) in log.nodes.items()]  # fmt: skip
+    for d in log.decisions:
+        rows.append(
+            {"case": case, "round": d.round, "event": d.verdict, "node": d.first, "ops": log.ops(d.first),
+             "other": d.second, "other_ops": log.ops(d.second), "note": d.reason}
+        )  # fmt: skip
+    return rows
+
+
+def fusion_log_record() -> list[dict]:
+    """Every case of `fusion_cases` compiled afresh on this lane, as `fusion_log_rows` (`ch05_fusion_log`)."""
+    gpu = DEVICE != "cpu"
+    cases = fusion_cases(gpu_sizes=gpu, dtype=torch.bfloat16 if gpu else torch.float32)
+    return [r for case, (fn, args) in cases.items() for r in fusion_log_rows(case, inductor.fusion_log(fn, *args))]
 
 
 @benchmark("ch05_fusion")

@@ -164,3 +164,111 @@ def kernel_source(code: str, name: str) -> str:
     closing = code.find("'''", opening + 3) if opening >= 0 else -1
     line_end = code.find("\n", closing) if closing >= 0 else -1
     return code[start : line_end if line_end >= 0 else len(code)]
+
+
+# --- why Inductor fused or refused: its scheduler's fusion log ----------------------------------------------
+
+_ROUND = re.compile(r"^===== attempting fusion \((\d+)/\d+\)")
+_NODE = re.compile(
+    r"^\s+(\w*SchedulerNode)\(name='(\w+)'\)"
+    r"(?:, (\w+)\(\['\[[^\]]*\]', (?:'(\w+)', )?'origins=OrderedSet\(\[([^\]]*)\]\)')?"
+)
+_REFUSED = re.compile(r"^cannot fuse (\S+) with (\S+): (.*)$")
+_FUSED = re.compile(r"^fusing (\S+) with (\S+)$")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One pairing the scheduler considered in a fusion round."""
+
+    round: int
+    verdict: str  # "fused" or "refused"
+    first: str  # scheduler nodes: "op1", or "op0_op1" once op0 and op1 are fused
+    second: str
+    reason: str  # the scheduler's reason for a refusal; "" for a fusion
+
+
+@dataclass
+class FusionLog:
+    """What Inductor's scheduler said while it fused one compiled function (`TORCH_LOGS=fusion`)."""
+
+    nodes: dict[str, tuple[str, tuple[str, ...]]]  # "op0" -> (kind, the graph's ops it computes)
+    decisions: list[Decision]
+    text: str  # the log itself
+    kernels: list[Kernel] = field(default_factory=list)  # what was generated in the end (`capture`'s decoding)
+
+    def ops(self, name: str) -> str:
+        """'op0_op1' -> 'add + mean, pow': the ops of each node in a (fused) node name."""
+        parts = re.findall(r"op\d+", name)
+        return " + ".join(", ".join(self.nodes.get(p, ("", ("?",)))[1]) or "?" for p in parts)
+
+    def library_calls(self) -> list[str]:
+        """Nodes that are library calls (extern kernels): the scheduler never pairs them with anything."""
+        return [name for name, (kind, _) in self.nodes.items() if kind == "library call"]
+
+    def lines(self) -> list[str]:
+        out = [f"{name}: {kind:12s} {', '.join(ops)}" for name, (kind, ops) in self.nodes.items()]
+        for d in self.decisions:
+            why = f": {d.reason}" if d.reason else ""
+            out.append(f"round {d.round}: {d.verdict} {d.first} with {d.second}{why}")
+        return out
+
+
+def _graph_ops(origins: str) -> tuple[str, ...]:
+    """'mul_2, mul, add_1, erf' (fx node names) -> ('add', 'erf', 'mul'): the ops, numbering dropped."""
+    names = [o.strip() for o in origins.split(",") if o.strip()]
+    return tuple(sorted({re.sub(r"_\d+$", "", n) for n in names}))
+
+
+def parse_fusion_log(text: str) -> FusionLog:
+    """The nodes and decisions of a fusion log's text (as `TORCH_LOGS=fusion` prints it, without prefixes)."""
+    nodes, decisions, round_ = {}, [], 0
+    for line in text.splitlines():
+        if m := _ROUND.match(line):
+            round_ = int(m.group(1))
+        elif (m := _NODE.match(line)) and m.group(2) not in nodes:
+            node_type, name, kind, reduction, origins = m.groups()
+            if node_type.startswith("Extern"):
+                nodes[name] = ("library call", ())
+            elif kind is not None:
+                label = f"{kind.lower()} ({reduction})" if reduction else kind.lower()
+                nodes[name] = (label, _graph_ops(origins))
+        elif m := _REFUSED.match(line):
+            decisions.append(Decision(round_, "refused", m.group(1), m.group(2), m.group(3)))
+        elif m := _FUSED.match(line):
+            decisions.append(Decision(round_, "fused", m.group(1), m.group(2), ""))
+    return FusionLog(nodes, decisions, text)
+
+
+def fusion_log(fn, *args, **compile_options) -> FusionLog:
+    """Compile `fn` afresh (no cache), run it on args, and return what the scheduler logged as it fused:
+    each node's ops, then each round's fusions and refusals with their reasons. Nothing is printed."""
+    import logging
+
+    import torch._inductor.scheduler as scheduler
+
+    log = scheduler.fusion_log  # the artifact logger TORCH_LOGS=fusion turns on
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    handler, level, propagate = Collect(logging.DEBUG), log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False  # into our list, not onto the notebook's stderr
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph is never scheduled: no log
+            captured = capture(fn, *args, **compile_options)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+    parsed = parse_fusion_log("\n".join(lines))
+    parsed.kernels = captured.kernels
+    calls = parsed.library_calls()
+    if len(calls) == len(captured.library_calls()):  # the log names no library function: the code does
+        for name, function in zip(calls, captured.library_calls(), strict=True):
+            parsed.nodes[name] = ("library call", (function,))
+    return parsed

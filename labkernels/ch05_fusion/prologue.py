@@ -363,14 +363,14 @@ GEMV_AUTO = True
 # times a design's candidates once per shape. Three designs, by the weights' layout and M:
 # - "cols": W with N contiguous (`quantize`'s default): chapter 05's first GEMV, a 16-row tl.dot tile.
 # - "row": W stored K-major (`quantize(w, k_major=True)`) and M = 1: the CUDA cores, no tensor core.
-# - "rows_dot": W stored K-major and 2 to 16 rows: tl.dot with the weights as the wide operand.
+# - "rows_dot": W stored K-major and 2 to 16 rows: tl.dot, a times the converted weight tile transposed.
 # The K-major candidates are the best of a sweep on the H200 (experiments/weight_gemv.py).
 GEMV_GPU_CONFIGS = {
     "cols": [
         (64, 256, 4, 4, 2), (128, 128, 4, 4, 2), (32, 256, 4, 4, 4), (64, 128, 4, 5, 4), (32, 256, 4, 4, 0),
     ],
     "row": [(16, 512, 4, 3, 0), (32, 256, 4, 3, 0), (16, 512, 8, 1, 0)],
-    "rows_dot": [(64, 256, 4, 4, 2), (64, 128, 4, 2, 2), (64, 128, 4, 4, 0)],
+    "rows_dot": [(64, 128, 4, 3, 2), (64, 128, 4, 4, 0), (128, 256, 4, 4, 0)],
 }
 GEMV_CPU_CONFIG = {"cols": (32, 32, 4, 1, 2), "row": (16, 32, 4, 1, 2), "rows_dot": (16, 32, 4, 1, 2)}
 
@@ -496,38 +496,39 @@ def _int8_gemv_rows_dot_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr,
     MAGIC: tl.constexpr, STAGES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """2 to 16 rows: out^T = W^T a^T on the tensor cores. The converted weight tile is the MMA's wide (left)
-    operand and the few rows of a its narrow one (padded to tl.dot's 16), so no MMA row is wasted on W."""
+    """2 to 16 rows on the tensor cores: a (padded to tl.dot's 16 rows) times the converted weight tile,
+    transposed in registers. W is loaded as its K-major rows are stored (BN rows of BK contiguous bytes); on
+    the H200 this orientation beat W as the MMA's left operand by 1.16-1.43x (experiments/weight_gemv.py)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped rows of W: valid addresses, never stored
     k_start = pid_k * k_per_split
     offs_k = k_start + tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, 16)
-    m_ok = offs_m[None, :] < M
+    m_ok = offs_m[:, None] < M
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    at_ptrs = a_ptr + offs_m[None, :] * stride_am + offs_k[:, None] * stride_ak  # a^T: (BK, 16)
-    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     for k in tl.range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K, num_stages=STAGES):
         if EVEN_K:
-            w = tl.load(w_ptrs)  # read BN x BK int8
-            at = tl.load(at_ptrs, mask=m_ok, other=0.0)  # read M x BK
-        else:
+            w = tl.load(w_ptrs)  # read BN x BK int8: nearly all the bytes
+            a = tl.load(a_ptrs, mask=m_ok, other=0.0)  # read M x BK (L1/L2 serve it to every program)
+        else:  # masked lanes add 0
             in_k = (k + tl.arange(0, BLOCK_K)) < K
             w = tl.load(w_ptrs, mask=in_k[None, :], other=0)
-            at = tl.load(at_ptrs, mask=m_ok & in_k[:, None], other=0.0)
+            a = tl.load(a_ptrs, mask=m_ok & in_k[None, :], other=0.0)
         b = _int8_as_f32(w, MAGIC).to(a_ptr.dtype.element_ty)  # exact: |w| <= 127
-        acc = tl.dot(b, at, acc, input_precision=INPUT_PRECISION)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=INPUT_PRECISION)  # the scale is not here
         w_ptrs += BLOCK_K
-        at_ptrs += BLOCK_K * stride_ak
+        a_ptrs += BLOCK_K * stride_ak
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (cols[:, None] < N) & m_ok
-    if SPLIT:  # partials (splits, M, N): acc is out^T
-        tl.store(out_ptr + pid_k.to(tl.int64) * M * N + offs_m[None, :] * N + cols[:, None], acc, mask=mask)
+    mask = m_ok & (cols[None, :] < N)
+    if SPLIT:  # fp32 partial sums (splits, M, N); `_int8_gemv_sum_kernel` adds and scales them
+        tl.store(out_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None] * N + cols[None, :], acc, mask=mask)
     else:
-        scale = tl.load(scale_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        out = (acc * scale[:, None]).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + offs_m[None, :] * N + cols[:, None], out, mask=mask)  # write M x BN
+        scale = tl.load(scale_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)  # read BN, once
+        out = (acc * scale[None, :]).to(out_ptr.dtype.element_ty)  # the epilogue: (a W_int8) s
+        tl.store(out_ptr + offs_m[:, None] * N + cols[None, :], out, mask=mask)  # write M x BN
 
 
 def gemv_splits(
