@@ -535,7 +535,7 @@ def test_parse_fusion_log_reads_nodes_rounds_and_reasons():
     text = (
         "===== attempting fusion (1/10): 3 nodes =====\nfuse_nodes_once, candidates:\n"
         "  ExternKernelSchedulerNode(name='op0')\n"
-        "  SchedulerNode(name='op1'), Pointwise(['[64, 32]', 'origins=OrderedSet([mul_2, add_1, erf])', 'x'])\n"
+        "  SchedulerNode(name='op1'), Pointwise(['[64, 32]', 'origins=OrderedSet([mul_2, add_1, erf])'])\n"
         "  SchedulerNode(name='op2'), Reduction(['[32]', 'sum', 'origins=OrderedSet([mean, pow_1])'])\n"
         "cannot fuse op1 with op2: intermediate nodes between node1 & node2\n"
         "can fuse (benchmark): fusing op1 with op2 cause 2x speedup\n"

@@ -333,8 +333,8 @@ def fusion_cases(gpu_sizes: bool, dtype=torch.bfloat16) -> dict[str, tuple]:
     w_int8, scale = prologue.quantize(_random(k, n, dtype=dtype))
     return {
         "int8 dequantize + matmul": (prologue.eager, (_random(m, k, dtype=dtype), w_int8, scale)),
-        "RMSNorm + residual": (rmsnorm.reference, tuple(_random(*s, dtype=dtype) for s in ((rows, cols),
-                                                                                        (rows, cols), (cols,)))),
+        "RMSNorm + residual": (rmsnorm.reference, tuple(_random(*shape, dtype=dtype) for shape in
+                                                        ((rows, cols), (rows, cols), (cols,)))),
     }  # fmt: skip
 
 
@@ -355,7 +355,8 @@ def fusion_log_record() -> list[dict]:
     """Every case of `fusion_cases` compiled afresh on this lane, as `fusion_log_rows` (`ch05_fusion_log`)."""
     gpu = DEVICE != "cpu"
     cases = fusion_cases(gpu_sizes=gpu, dtype=torch.bfloat16 if gpu else torch.float32)
-    return [r for case, (fn, args) in cases.items() for r in fusion_log_rows(case, inductor.fusion_log(fn, *args))]
+    logs = {case: inductor.fusion_log(fn, *args) for case, (fn, args) in cases.items()}
+    return [row for case, log in logs.items() for row in fusion_log_rows(case, log)]
 
 
 @benchmark("ch05_fusion")

@@ -195,7 +195,7 @@ class FusionLog:
     nodes: dict[str, tuple[str, tuple[str, ...]]]  # "op0" -> (kind, the graph's ops it computes)
     decisions: list[Decision]
     text: str  # the log itself
-    kernels: list[Kernel] = field(default_factory=list)  # what was generated in the end (`capture`'s decoding)
+    kernels: list[Kernel] = field(default_factory=list)  # what was generated in the end (as `capture`)
 
     def ops(self, name: str) -> str:
         """'op0_op1' -> 'add + mean, pow': the ops of each node in a (fused) node name."""
