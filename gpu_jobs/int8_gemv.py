@@ -4,8 +4,8 @@ weights and the prologue-fused matmul kernel, and cuBLASLt's fused bias + GELU e
 Rows (labkernels/reference/ch05_int8_gemv.csv, read by notebook 05 sections 6 and 7):
 - kind "int8": at K x N = 4096 x 4096 and 4096 x 14336, M in {1, 16}: cuBLAS on bf16 weights (`a @ w16`, with
   W stored (K, N) and K-major), `int8_gemv` on K-major int8 weights (`quantize(w, k_major=True)`: its tuned
-  config, the int8 conversion by integer adds), the same with the plain cast (`magic=False`), `int8_gemv` on
-  (K, N) weights (the "cols" design) and `int8_matmul(path="fused")`. Each output poisoned by a fresh
+  config, its design's int8 conversion), the same by integer adds (`magic=True`) and by the plain cast
+  (`magic=False`), `int8_gemv` on (K, N) weights (the "cols" design) and `int8_matmul(path="fused")`. Each output poisoned by a fresh
   allocation, checked against fp64 (fresh inputs); timed as CUDA-graph replays of one weight matrix
   (`us_graph`: it can stay in the 50 MB L2 between replays), replays that rotate through copies of the
   weights past 120 MB (`us_graph_hbm`: every replay reads from HBM, as a model's next layer does), and plain
@@ -64,6 +64,7 @@ def int8_impls(a, w):
         "cublas bf16 weights": lambda: a @ w16,
         "cublas bf16 weights, K-major": lambda: a @ w16_t,
         "int8_gemv": lambda: prologue.int8_gemv(a, w_k, scale),
+        "int8_gemv integer add": lambda: prologue.int8_gemv(a, w_k, scale, magic=True),
         "int8_gemv plain cast": lambda: prologue.int8_gemv(a, w_k, scale, magic=False),
         "int8_gemv N-contiguous": lambda: prologue.int8_gemv(a, w_n, scale),
         "int8_matmul fused": lambda: prologue.int8_matmul(a, w_n, scale, path="fused"),
@@ -71,7 +72,8 @@ def int8_impls(a, w):
 
 
 # The GEMV rows: which of a weight set's tensors each one reads (K-major int8, or (K, N) int8).
-GEMV_WEIGHTS = {"int8_gemv": 2, "int8_gemv plain cast": 2, "int8_gemv N-contiguous": 3}
+GEMV_WEIGHTS = {"int8_gemv": 2, "int8_gemv integer add": 2, "int8_gemv plain cast": 2,
+                "int8_gemv N-contiguous": 3}  # fmt: skip
 
 
 def weights(k: int, n: int, dtype, device):

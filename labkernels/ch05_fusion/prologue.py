@@ -373,6 +373,10 @@ GEMV_GPU_CONFIGS = {
     "rows_dot": [(64, 128, 4, 3, 2), (64, 128, 4, 4, 0), (128, 256, 4, 4, 0)],
 }
 GEMV_CPU_CONFIG = {"cols": (32, 32, 4, 1, 2), "row": (16, 32, 4, 1, 2), "rows_dot": (16, 32, 4, 1, 2)}
+# How each design converts int8 when `magic` is not given: integer adds (True) or the plain cast. On the H200
+# the adds made "row" 1.27-1.28x faster (graph replays, bf16) and "rows_dot" 1.08-1.11x slower: where the MMA
+# bounds the loop, the cast to bf16 is one instruction and the adds are three (reference/ch05_int8_gemv.csv).
+GEMV_MAGIC = {"cols": True, "row": True, "rows_dot": False}
 
 
 def gemv_design(a: torch.Tensor, w_int8: torch.Tensor) -> str:
@@ -542,7 +546,7 @@ def gemv_splits(
     return triton.cdiv(steps, steps_per_split), steps_per_split * block_k  # no empty slice
 
 
-def _gemv_launch(a, w_int8, scale, out, partials, precision, config, magic=True) -> tuple[int, object]:
+def _gemv_launch(a, w_int8, scale, out, partials, precision, config, magic=None) -> tuple[int, object]:
     """Both launches of one config into `out` (and `partials`, (splits, M, N) fp32, when K is split):
     (splits, launcher(a, w_int8, scale, out, partials)) for later calls with the same key (`launch_cache`)."""
     (M, K), N = a.shape, w_int8.shape[1]
@@ -550,6 +554,7 @@ def _gemv_launch(a, w_int8, scale, out, partials, precision, config, magic=True)
     splits, k_per_split = gemv_splits(N, K, block_n, block_k, per_sm, sm_count(a.device))
     target = partials[:splits] if splits > 1 else out
     design = gemv_design(a, w_int8)
+    magic = GEMV_MAGIC[design] if magic is None else magic
     meta = dict(BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0, SPLIT=splits > 1, MAGIC=magic,
                 num_warps=warps, num_stages=stages)  # fmt: skip
     if design == "cols":
@@ -599,7 +604,10 @@ def _gemv_config(a, w_int8, scale, out, partials, precision) -> tuple:
     if key not in _gemv_configs:
 
         def time_of(config):
-            _, launcher = _gemv_launch(a, w_int8, scale, out, partials, precision, config)
+            try:
+                _, launcher = _gemv_launch(a, w_int8, scale, out, partials, precision, config)
+            except triton.runtime.errors.OutOfResources:  # e.g. fp32 rows: the tile's stages outgrow shared
+                return float("inf")  # memory; the first candidate of each design fits every dtype
             return graph_autotune_bench(lambda: launcher(a, w_int8, scale, out, partials))[0]
 
         _gemv_configs[key] = min(GEMV_GPU_CONFIGS[design], key=time_of)
@@ -638,14 +646,14 @@ def _check_gemv_config(config) -> tuple:
     "labkernels::ch05_int8_gemv",
     mutates_args=(),
     schema="(Tensor a, Tensor w_int8, Tensor scale, str input_precision='ieee', int[]? config=None, "
-    "bool magic=True) -> Tensor",
+    "bool? magic=None) -> Tensor",
 )
-def _int8_gemv_op(a, w_int8, scale, input_precision="ieee", config=None, magic=True):
+def _int8_gemv_op(a, w_int8, scale, input_precision="ieee", config=None, magic=None):
     return int8_gemv(a, w_int8, scale, input_precision=input_precision, config=config, magic=magic)
 
 
 @_int8_gemv_op.register_fake
-def _(a, w_int8, scale, input_precision="ieee", config=None, magic=True):
+def _(a, w_int8, scale, input_precision="ieee", config=None, magic=None):
     _check_gemv(a, w_int8, scale, input_precision, config, magic)
     return torch.empty((a.shape[0], w_int8.shape[1]), device=a.device, dtype=a.dtype)
 
@@ -669,22 +677,22 @@ def _check_gemv(a, w_int8, scale, input_precision, config, magic) -> None:
             f"{w_int8.shape[1]} reach past 2^31 elements, and the GEMV indexes them with 32-bit offsets; use "
             "int8_matmul(path='dequantize') (64-bit offsets)"
         )
-    if not isinstance(magic, bool):
-        raise TypeError(f"int8_gemv: magic must be True or False, got {magic!r}")
+    if magic is not None and not isinstance(magic, bool):
+        raise TypeError(f"int8_gemv: magic must be True, False or None (the design's default), got {magic!r}")
     if config is not None:
         _check_gemv_config(config)
 
 
 def int8_gemv(
     a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *, input_precision: str = "ieee", config=None,
-    magic: bool = True,
+    magic: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """a @ (w_int8 * scale) for a (M, K) with M <= GEMV_MAX_M, computed as (a @ w_int8) * scale: a
     GEMV/split-K kernel, then (when K is split) a kernel that adds the slices in order and scales. Same
     arguments as `int8_matmul`; `config` = (BLOCK_N, BLOCK_K, warps, stages, programs per SM; 0: one K slice)
-    overrides the tuned one; `magic=False` converts int8 with the plain cast (the GPU's int-to-float
-    instruction). Under torch.compile it is the op `labkernels::ch05_int8_gemv`, traced without a graph
-    break."""
+    overrides the tuned one; `magic` picks how int8 is converted: by integer adds (True) or the plain
+    cast (False; the GPU's int-to-float instruction); None takes the design's faster (`GEMV_MAGIC`).
+    Under torch.compile it is the op `labkernels::ch05_int8_gemv`, traced without a graph break."""
     if torch.compiler.is_compiling():  # the same clear errors as a plain call, then the op
         _check_gemv(a, w_int8, scale, input_precision, config, magic)
         config = None if config is None else list(config)
