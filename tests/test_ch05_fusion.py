@@ -672,6 +672,32 @@ def test_int8_gemv_record_backs_the_auto_path_and_the_epilogue_row():
     epi = {r["impl"]: r["us_graph"] for r in ref.where(kind="epilogue").rows}
     lt = epi["cublasLt _addmm_activation gelu"]
     assert epi["cublas, no epilogue"] < lt < epi["labkernels matmul_bias_gelu"] < epi["eager"]
+    # GEMV_MAGIC: each design's default conversion is the faster one measured (notebook 05 prints both)
+    add = {r["shape"]: r for r in ref.where(impl="int8_gemv integer add").rows}
+    cast = {r["shape"]: r for r in ref.where(impl="int8_gemv plain cast").rows}
+    for shape, r in add.items():
+        faster_is_add = r["us_graph"] < cast[shape]["us_graph"]
+        assert prologue.GEMV_MAGIC[r["design"]] == faster_is_add, shape
+
+
+def test_fusion_log_record_backs_notebook_05():
+    """Notebook 05 section 4 on the H200's log: the dequantize is a pointwise node and the matmul a library
+    call that no decision pairs; RMSNorm's add is refused in round 1 ("intermediate nodes") and then joins
+    the fused reduction, so every node ends in one kernel."""
+    from labkernels.results import load_reference
+
+    ref = load_reference("ch05_fusion_log")
+    assert ref is not None and ref.rows[0]["device"].startswith("NVIDIA")
+    int8 = ref.where(case="int8 dequantize + matmul")
+    notes = {r["ops"]: r["note"] for r in int8.where(event="node").rows}
+    assert notes == {"convert_element_type, mul": "pointwise", "mm": "library call"}
+    assert int8.where(event="fused").rows == [] and int8.where(event="refused").rows == []
+    norm = ref.where(case="RMSNorm + residual")
+    nodes = {r["node"] for r in norm.where(event="node").rows}
+    refused = norm.where(event="refused").rows
+    assert [(r["round"], r["note"]) for r in refused] == [(1, "intermediate nodes between node1 & node2")]
+    last = norm.where(event="fused").rows[-1]
+    assert set(f"{last['node']}_{last['other']}".split("_")) == nodes and last["round"] == 1
 
 
 def test_compile_host_record_steps_once_and_does_not_grow_per_op():

@@ -351,12 +351,23 @@ def fusion_log_rows(case: str, log: inductor.FusionLog) -> list[dict]:
     return rows
 
 
+def fusion_logs(gpu_sizes: bool) -> dict[str, inductor.FusionLog]:
+    """Each case of `fusion_cases` compiled afresh on this lane (bf16 on a GPU, fp32 on a CPU): its log."""
+    dtype = torch.bfloat16 if DEVICE != "cpu" else torch.float32
+    cases = fusion_cases(gpu_sizes, dtype)
+    return {case: inductor.fusion_log(fn, *args) for case, (fn, args) in cases.items()}
+
+
 def fusion_log_record() -> list[dict]:
-    """Every case of `fusion_cases` compiled afresh on this lane, as `fusion_log_rows` (`ch05_fusion_log`)."""
-    gpu = DEVICE != "cpu"
-    cases = fusion_cases(gpu_sizes=gpu, dtype=torch.bfloat16 if gpu else torch.float32)
-    logs = {case: inductor.fusion_log(fn, *args) for case, (fn, args) in cases.items()}
+    """`fusion_logs` at this lane's sizes, as `fusion_log_rows` (the record `ch05_fusion_log`)."""
+    logs = fusion_logs(gpu_sizes=DEVICE != "cpu")
     return [row for case, log in logs.items() for row in fusion_log_rows(case, log)]
+
+
+def fusion_log_table(table: Table, case: str) -> Table:
+    """One case of a `ch05_fusion_log` record: its nodes, then the scheduler's decisions, round by round."""
+    keep = ("round", "event", "node", "ops", "other", "note")
+    return Table({k: r[k] for k in keep} for r in table.where(case=case).rows)
 
 
 @benchmark("ch05_fusion")

@@ -356,7 +356,7 @@ def _fused(a: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, input_pre
 GEMV_MAX_M = 16  # rows padded to tl.dot's minimum of 16
 # path="auto" takes the GEMV up to GEMV_MAX_M rows: on the H200 (graph replays, M = 1 and 16, N x K = 4096 x
 # 4096 and 14336 x 4096) it was faster than the fused matmul kernel at every point; on K-major weights it
-# was 1.74-2.04x cuBLAS on bf16 weights at M = 1 and 0.96-1.24x at M = 16 (reference/ch05_int8_gemv.csv).
+# was 1.72-1.97x cuBLAS on bf16 weights at M = 1 and 1.17-1.43x at M = 16 (reference/ch05_int8_gemv.csv).
 GEMV_AUTO = True
 # (BLOCK_N, BLOCK_K, warps, stages, programs per SM): the split-K count is chosen so that the column tiles
 # times the K slices give about that many programs an SM (0: one slice, no second kernel). The GPU lane
@@ -374,7 +374,7 @@ GEMV_GPU_CONFIGS = {
 }
 GEMV_CPU_CONFIG = {"cols": (32, 32, 4, 1, 2), "row": (16, 32, 4, 1, 2), "rows_dot": (16, 32, 4, 1, 2)}
 # How each design converts int8 when `magic` is not given: integer adds (True) or the plain cast. On the H200
-# the adds made "row" 1.27-1.28x faster (graph replays, bf16) and "rows_dot" 1.08-1.11x slower: where the MMA
+# the adds made "row" 1.27-1.28x faster (graph replays, bf16) and "rows_dot" 1.07-1.10x slower: where the MMA
 # bounds the loop, the cast to bf16 is one instruction and the adds are three (reference/ch05_int8_gemv.csv).
 GEMV_MAGIC = {"cols": True, "row": True, "rows_dot": False}
 
