@@ -19,8 +19,8 @@ nn.Linear keeps it, so every row of a tile is one contiguous run of K bytes:
 
 What the H200 found (the second sweep's rows: labkernels/reference/ch05_weight_gemv_sweep.csv): int8 `fma` at
 M = 1 in about half cuBLAS's time on bf16 weights; at M = 16 `dot_t` ahead of `dot`, both short of half; int4
-`fma3` and `dot3` slower than the first sweep's `fma` (its nibble loop is likely instruction-bound; no counter measured it). Chapter 05
-ships `fma` as its `row` design and `dot` as `rows_dot`.
+`fma3` and `dot3` slower than the first sweep's `fma` (its nibble loop is likely instruction-bound; no counter
+measured it). Chapter 05 ships `fma` as its `row` design and `dot_t` (with the plain cast) as `rows_dot`.
 
 Every output is poisoned (NaN) and checked against fp64 first. Timed as CUDA-graph replays, both with one
 weight matrix (it may stay in the 50 MB L2 between replays) and rotating through
