@@ -238,6 +238,28 @@ def test_no_torch_header_reaches_nvcc():
         assert not [i for i in includes if any(h in i for h in ("ATen/", "torch/", "c10/", "checks.h"))], path
 
 
+def test_cuda_sources_build_only_with_nvcc_and_a_gpu_to_target(monkeypatch):
+    """pip's default torch on Linux is the CUDA build: on a machine without a GPU, torch's arch detection
+    finds no device (IndexError in cpp_extension), so CUDA sources are left out unless an arch is named."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert not build.with_cuda()  # CUDA build, no GPU: C++ only
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert build.with_cuda()  # an arch named: cross-compiling is the user's choice
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    assert not build.with_cuda()  # no nvcc
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    assert build.with_cuda()
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert not build.with_cuda()  # the CPU wheel
+
+
 def test_build_dir_follows_torch_extensions_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert build.build_directory().parent == tmp_path

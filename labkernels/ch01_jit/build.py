@@ -129,8 +129,14 @@ def child_env() -> dict[str, str]:
 
 
 def with_cuda() -> bool:
-    """CUDA sources compile only where torch was built with CUDA (a CPU wheel has no nvcc flags to give)."""
-    return torch.version.cuda is not None
+    """CUDA sources compile only where torch was built with CUDA (a CPU wheel has no nvcc flags to give),
+    nvcc is found, and there is a GPU to compile for or TORCH_CUDA_ARCH_LIST names one: pip's default torch
+    on Linux is the CUDA build, and on a machine without a GPU torch's arch detection finds no device."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if torch.version.cuda is None or CUDA_HOME is None:
+        return False
+    return torch.cuda.is_available() or bool(os.environ.get("TORCH_CUDA_ARCH_LIST"))
 
 
 def openmp_flags() -> list[str]:

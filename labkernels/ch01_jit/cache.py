@@ -176,9 +176,14 @@ def _bounded_baton_class(wait_seconds: float):
 
 @contextlib.contextmanager
 def bounded_lock_wait(wait_seconds: float = WAIT_SECONDS):
-    """Within this block, torch's extension builds wait on a lock as `BoundedBaton.wait` does."""
+    """Within this block, torch's extension builds wait on a lock as `BoundedBaton.wait` does. From torch 2.14
+    builds hold an OS lock (filelock) instead, which the kernel releases when its holder dies: no stale lock
+    to recover, and the block changes nothing."""
     from torch.utils import cpp_extension
 
+    if "FileBaton" not in vars(cpp_extension):
+        yield
+        return
     original = cpp_extension.FileBaton
     cpp_extension.FileBaton = _bounded_baton_class(wait_seconds)
     try:
