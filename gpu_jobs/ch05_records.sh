@@ -2,7 +2,7 @@
 # Chapter 05's two H200 records in one call (about 3 minutes): the int8 decode GEMV (ch05_int8_gemv.csv) and
 # Inductor's fusion log (ch05_fusion_log.csv), both under $OUT; then chapter 05's unit tests on the GPU lane.
 set -u
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 bash gpu_jobs/ch05_int8_record.sh
 timeout -k 5 120 python gpu_jobs/ch05_fusion_log.py --out "$OUT" > "$OUT/fusion_log.log" 2>&1
