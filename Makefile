@@ -26,6 +26,31 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: lab lab-settings test-browser venv test test-gpu test-gpu-unit test-gpu-notebooks gpu-present bench outputs exercises grade release lint clean test-newest
 
+# The lane this machine's venv is for, and the torch it gets: each lane installs the torch and triton its own
+# tests ran on (README, "Versions"). cpu: CI's `make test`. gpu: the H200's `make test-gpu` and every GPU
+# figure. The default is gpu where an NVIDIA driver answers `nvidia-smi -L`, cpu elsewhere; LANE=cpu or
+# LANE=gpu says it. The pins are pyproject.toml's cpu-lane and gpu-lane extras; torch's is read from there, since
+# it is installed first and alone (TORCH_PIP_ARGS applies to it only).
+LANE ?= $(if $(shell nvidia-smi -L 2>/dev/null),gpu,cpu)
+ifeq ($(filter cpu gpu,$(LANE)),)
+$(error LANE is "$(LANE)": it must be cpu or gpu)
+endif
+TORCH_PIN := $(shell sed -n 's/^$(LANE)-lane = \["\(torch==[^"]*\)".*/\1/p' pyproject.toml)
+# A venv built for the other lane is rebuilt (pip would keep its torch). A venv without the file was built
+# before lanes were told apart, with the cpu pins.
+LANE_FILE := $(VENV)/.lane
+LANE_CHANGED :=
+ifneq ($(wildcard $(VENV)/.installed),)
+BUILT_LANE := $(or $(strip $(file < $(LANE_FILE))),cpu)
+ifneq ($(LANE),$(BUILT_LANE))
+LANE_CHANGED := lane-changed
+.PHONY: lane-changed
+lane-changed:
+	@echo "LANE=$(LANE) differs from the lane .venv was built for ($(BUILT_LANE)): rebuilding .venv"
+	rm -rf $(VENV)
+endif
+endif
+
 # The TORCH_PIP_ARGS .venv was built with. A different non-empty value makes the venv out of date (below), and
 # its recipe starts from an empty venv; an empty value keeps the torch that is installed.
 TORCH_ARGS_FILE := $(VENV)/.torch-pip-args
@@ -42,18 +67,19 @@ endif
 endif
 endif
 
-$(VENV)/.installed: pyproject.toml $(TORCH_ARGS_CHANGED)
+$(VENV)/.installed: pyproject.toml $(TORCH_ARGS_CHANGED) $(LANE_CHANGED)
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	@# --no-compile: no bytecode for every module up front (20 s for torch alone on 2 cores); Python writes it
 	@# for the modules a process imports, the first time it imports them.
-	$(VPY) -m pip install -q --no-compile $(TORCH_PIP_ARGS) "torch==2.13.0"
-	$(VPY) -m pip install -q --no-compile -e ".[course]"
+	$(VPY) -m pip install -q --no-compile $(TORCH_PIP_ARGS) "$(TORCH_PIN)"
+	$(VPY) -m pip install -q --no-compile -e ".[course,$(LANE)-lane]"
 	@# jupyter-events pulls in rfc3987-syntax (jsonschema[format-nongpl]); when it is installed, jsonschema
 	@# builds its IRI grammars on import, 3.5 s of every process that reads a notebook (nbformat imports
 	@# jsonschema): each grading run, each nbval worker. Nothing in the course validates IRIs.
 	$(VPY) -m pip uninstall -y -q rfc3987-syntax
 	@printf '%s' "$(strip $(TORCH_PIP_ARGS))" > $(TORCH_ARGS_FILE)
+	@printf '%s' "$(LANE)" > $(LANE_FILE)
 	touch $@
 	@# The venv as installed is grading's known-good state: a file a submission adds or rewrites in it later
 	@# refuses grading (labkernels.grading.classroom.VenvManifest), not just after a first grading recorded it.

@@ -1,7 +1,8 @@
 """Check the class setup as far as a machine without Docker or Kubernetes can: `python instructors/check.py`.
 
-1. The image recipe installs the course exactly as the Makefile does (the torch pin, the `course` extra,
-   TORCH_PIP_ARGS for torch alone) and ships the course's JupyterLab settings.
+1. The image recipe installs the course exactly as the Makefile does (the lane's torch pin read from
+   pyproject.toml, the `course` and lane extras, TORCH_PIP_ARGS for torch alone) and ships the course's
+   JupyterLab settings.
 2. jupyterhub_config.py loads under both spawners, and (where jupyterhub, dockerspawner and
    jupyterhub-kubespawner are installed) every option it sets is a real option of that class.
 3. On Kubernetes, a learner's server starts with the course present: a volume mounted over the course folder
@@ -30,7 +31,33 @@ def install_lines(text: str) -> list[str]:
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     found = re.findall(r"pip install ([^\n\\&]+)", code)
     lines = [" ".join(w for w in f.split() if w not in HOW_FLAGS) for f in found]
-    return [line for line in lines if "torch==" in line or ".[course]" in line]
+    return [line for line in lines if "TORCH_PIN" in line or ".[course," in line]
+
+
+def _unmake(line: str) -> str:
+    """A Makefile line with its variables named bare: `$(LANE)` -> `LANE`."""
+    return re.sub(r"\$\((\w+)\)", r"\1", line)
+
+
+def _unshell(line: str) -> str:
+    """A Dockerfile line with its variables named bare: `${LANE}` -> `LANE`."""
+    return re.sub(r"\$\{(\w+)\}", r"\1", line)
+
+
+def lane_pin_problems(makefile: str, dockerfile: str) -> list[str]:
+    """Both read torch's pin from the lane's extra in pyproject.toml, and the extras pin torch and triton."""
+    import tomllib
+
+    problems = []
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for lane in ("cpu", "gpu"):
+        pins = extras.get(f"{lane}-lane", [])
+        if not (pins and pins[0].startswith("torch==") and any(p.startswith("triton==") for p in pins[1:])):
+            problems.append(f"pyproject.toml: {lane}-lane must pin torch first, then triton: {pins}")
+    for name, text in (("Makefile", makefile), ("Dockerfile", dockerfile)):
+        if "-lane = " not in text or "TORCH_PIN" not in text:
+            problems.append(f"{name}: torch's pin is not read from pyproject.toml's lane extra")
+    return problems
 
 
 def check_image() -> list[str]:
@@ -38,12 +65,13 @@ def check_image() -> list[str]:
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
     dockerfile = (HERE / "Dockerfile").read_text()
-    want = [line.replace("$(TORCH_PIP_ARGS)", "TORCH_PIP_ARGS") for line in install_lines(recipe)]
-    got = [line.replace("${TORCH_PIP_ARGS}", "TORCH_PIP_ARGS") for line in install_lines(dockerfile)]
+    want = [_unmake(line) for line in install_lines(recipe)]
+    got = [_unshell(line) for line in install_lines(dockerfile)]
     if not want:
         problems.append("Makefile: no torch / course install found in $(VENV)/.installed")
     if want != got:
         problems.append(f"Dockerfile installs {got}, the Makefile {want}")
+    problems += lane_pin_problems(makefile, dockerfile)
     if "labkernels/jupyter/overrides.json" not in dockerfile:
         problems.append("Dockerfile does not install labkernels/jupyter/overrides.json")
     return problems

@@ -18,13 +18,34 @@ def _pins(lines):
     return pins
 
 
+def _extras():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
 def test_environment_yml_and_pyproject_pin_the_same_packages():
-    course = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
-        "course"
-    ]
+    """environment.yml is the CPU lane's environment: the course's tools and the cpu-lane torch and triton."""
+    course = _extras()["course"] + _extras()["cpu-lane"]
     conda = [ln.strip().removeprefix("- ") for ln in (ROOT / "environment.yml").read_text().splitlines()]
     assert _pins(course) == _pins(conda)
     assert "-e ." in conda
+
+
+def test_the_gpu_lane_pins_the_versions_every_gpu_record_ran_on():
+    """One tested matrix: a learner with a GPU installs the torch and triton that the GPU lane ran on here.
+    Before, every machine got the CPU lane's torch 2.13 / triton 3.7, which no GPU here had run. Each row of
+    a shipped record measured on an NVIDIA GPU names its versions; they must be the gpu-lane pins."""
+    import csv
+
+    pins = _pins(_extras()["gpu-lane"])
+    assert set(pins) == {"torch", "triton"}
+    assert not set(pins) & set(_pins(_extras()["course"])), "torch and triton are pinned per lane only"
+    seen = set()
+    for path in sorted((ROOT / "labkernels" / "reference").glob("*.csv")):
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if row.get("device", "").startswith("NVIDIA"):
+                    seen.add((row["torch"].split("+")[0], row["triton"]))
+    assert seen == {(pins["torch"], pins["triton"])}, f"GPU records ran on {seen}; gpu-lane pins {pins}"
 
 
 def test_package_requirements_are_lower_bounds_only():
@@ -179,6 +200,47 @@ def test_make_lab_with_other_torch_pip_args_rebuilds_the_venv(tmp_path):
     assert '--index-url https://example.invalid/cpu "torch==' in other.stdout
     plain = _make("-n", "venv", f"VENV={venv}")  # no arguments: the installed torch stays
     assert "pip install" not in plain.stdout, plain.stdout
+
+
+def test_make_lab_installs_the_pins_of_this_machines_lane(tmp_path):
+    """Where `nvidia-smi -L` names a GPU, the venv gets the gpu-lane extra and its torch; elsewhere the
+    cpu-lane's; LANE= says it outright. A venv built for the other lane is rebuilt (pip keeps a torch)."""
+    import os
+
+    torch_pins = {lane: _pins(_extras()[f"{lane}-lane"])["torch"] for lane in ("cpu", "gpu")}
+    assert torch_pins["cpu"] != torch_pins["gpu"]
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n')
+    smi.chmod(0o755)
+    import shutil
+
+    env_gpu = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    env_cpu = dict(os.environ)
+    # On a machine with a GPU driver, the cpu lane is asked for by name (the auto choice is the gpu's above).
+    cpu_args = ["LANE=cpu"] if shutil.which("nvidia-smi") else []
+    for env, lane, args in ((env_gpu, "gpu", []), (env_cpu, "cpu", cpu_args)):
+        venv = tmp_path / f"new-{lane}"
+        done = _make_env(env, "-n", "venv", f"VENV={venv}", *args)
+        assert done.returncode == 0, done.stderr
+        assert f'"torch=={torch_pins[lane]}"' in done.stdout and f'".[course,{lane}-lane]"' in done.stdout
+        assert f"printf '%s' \"{lane}\" > {venv}/.lane" in done.stdout
+    built_for_cpu = _fake_venv(tmp_path)  # no .lane file: built before lanes, with the cpu pins
+    stays = _make_env(env_cpu, "-n", "venv", f"VENV={built_for_cpu}", *cpu_args)
+    assert "rebuilding" not in stays.stdout and "pip install" not in stays.stdout, stays.stdout
+    moves = _make_env(env_gpu, "-n", "venv", f"VENV={built_for_cpu}")
+    assert "LANE=gpu differs from the lane .venv was built for (cpu)" in moves.stdout, moves.stdout
+    assert f"rm -rf {built_for_cpu}" in moves.stdout and f'"torch=={torch_pins["gpu"]}"' in moves.stdout
+    wrong = _make_env(env_cpu, "-n", "venv", "LANE=tpu")
+    assert wrong.returncode != 0 and 'LANE is "tpu": it must be cpu or gpu' in wrong.stderr
+
+
+def _make_env(env, *args):
+    import subprocess
+
+    command = ["make", "--no-print-directory", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_make_test_newest_runs_the_cpu_lane_on_unpinned_releases():

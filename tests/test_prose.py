@@ -8,7 +8,7 @@ the precision the prose gives, in the output of a cell of that notebook that nbv
 same in both lanes, so the cells that print them are checked, and a change in a CSV shows up as an nbval
 failure *and* here as a stale sentence.
 
-Exempt: text inside quotation marks (the source article's claims, quoted in order to check them), inline code,
+Exempt: text inside quotation marks (common claims, quoted in order to check them), inline code,
 code blocks and LaTeX; and the few constants on ALLOWED below.
 """
 
@@ -46,7 +46,7 @@ EXEMPT = [
     re.compile(r"`[^`]*`"),  # inline code
     re.compile(r"\$\$.*?\$\$", re.S),  # display math
     re.compile(r"\$[^$]*\$"),  # inline math
-    re.compile(r'"[^"]{0,300}"'),  # quotations of the source article
+    re.compile(r'"[^"]{0,300}"'),  # quotations of the claims being checked
     re.compile(r"“[^”]{0,300}”"),
 ]
 
@@ -114,7 +114,7 @@ How to fix: print the number from a cell whose output nbval checks (no `nbval-ig
 compute it from the shipped CSV (labkernels.results.load_reference) or from labkernels.traffic, with the same
 unit and at least the precision the sentence gives — then re-execute the notebook
 (`python -m labkernels execute <notebook>`). Or reword the sentence so it points at the printed value
-instead of repeating it. Quote a number only if it is the source article's, in quotation marks. A constant
+instead of repeating it. Quote a number only if it is a claim being checked, in quotation marks. A constant
 of a formula (not a measurement) may go on ALLOWED in tests/test_prose.py, with the reason."""
 
 
@@ -195,3 +195,52 @@ def test_an_appendix_opens_with_a_summary_and_is_linked_from_its_chapter(path):
     chapters = list((ROOT / "notebooks").glob(f"{path.name[:2]}_*.ipynb"))
     assert chapters, f"{path.name}: no chapter {path.name[:2]} notebook"
     assert f"appendix/{path.name}" in chapters[0].read_text(), f"{chapters[0].name} does not link {path.name}"
+
+
+# --- whose claims ----------------------------------------------------------------------------------------
+
+#: Ways of pointing at a document the learner never saw: the course checks public claims, and cites them as
+#: such ("a common claim", or the claim with its public source), never as "the article" or "the seed".
+PRIVATE_SOURCE = re.compile(
+    r"(?i)\bthe seed\b|\bseed['\u2019]s\b|\bseed\s+(?:article|0\d\d)\b|\bsource article\b|\bthe article\b"
+    r"|\barticle['\u2019]s\b|\bSEED_[A-Z]"
+)
+LEARNER_FACING = ("notebooks", "exercises", "solutions", "labkernels", "instructors")
+
+
+def private_source_citations(root: Path) -> list[str]:
+    """Each line of learner-facing text (notebook cells and outputs, package code and its messages, guides)
+    that points at a private source."""
+    files = [root / "README.md"]
+    for folder in LEARNER_FACING:
+        for pattern in ("*.ipynb", "*.py", "*.md", "*.cpp", "*.cu", "*.h", "*.cuh", "*.csv"):
+            files += sorted((root / folder).rglob(pattern))
+    problems = []
+    for path in files:
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if '"image/' in line:
+                continue
+            match = PRIVATE_SOURCE.search(line)
+            if match:
+                where = f"{path.relative_to(root)}:{number}"
+                problems.append(f"{where}: {match.group(0)!r} in {line.strip()[:100]!r}")
+    return problems
+
+
+def test_no_learner_facing_text_cites_a_private_source():
+    """Before, notebooks 00, 02 and 03 cited "the source article" and two package comments "the seed's"."""
+    problems = private_source_citations(ROOT)
+    assert not problems, "cite the public claim or call it a common claim:\n" + "\n".join(problems)
+
+
+def test_the_private_source_check_can_fail(tmp_path):
+    (tmp_path / "README.md").write_text("Fine: torch.manual_seed(0), seeded inputs, a common claim.\n")
+    (tmp_path / "labkernels").mkdir()
+    (tmp_path / "labkernels" / "a.py").write_text("SEED_EXAMPLE = 1  # the seed's shape\nrng = seed\n")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "00.ipynb").write_text('{"source": ["The article says 2x."]}\n')
+    found = private_source_citations(tmp_path)
+    where = sorted(f.split(":")[0:2] for f in found)
+    assert where == [["labkernels/a.py", "1"], ["notebooks/00.ipynb", "1"]]

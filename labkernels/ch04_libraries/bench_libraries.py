@@ -25,8 +25,8 @@ from labkernels.ch04_libraries.libraries import (
 PRECISIONS = ["float32", "tf32", "float16", "bfloat16"]
 SQUARES = [(s, s, s) for s in (256, 512, 1024, 2048, 4096, 8192)]
 K_SWEEP = [(4096, 4096, k) for k in (16, 64, 256, 512, 1024, 16384)]  # 4096^3 is among the squares
-SEED_EXAMPLE = (100, 4096, 10)  # the seed's "M=100, K=10" (it names no N: we take the square's 4096)
-SKINNY = [(512, 4096, 4096), (16, 4096, 4096), (3000, 5000, 1000), SEED_EXAMPLE]
+QUOTED_EXAMPLE = (100, 4096, 10)  # an often-quoted "M=100, K=10" (no N given: we take the square's 4096)
+SKINNY = [(512, 4096, 4096), (16, 4096, 4096), (3000, 5000, 1000), QUOTED_EXAMPLE]
 GEMM_SHAPES = SQUARES + K_SWEEP + SKINNY
 
 

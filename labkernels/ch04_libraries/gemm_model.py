@@ -4,7 +4,7 @@ C(M,N) = A(M,K) @ B(K,N) does 2MNK FLOPs and must at least read A and B and writ
 (MK + KN + MN) elements (`labkernels.traffic.matmul`, the one formula the course uses). Its intensity
 2MNK / (bytes per element · (MK + KN + MN)) grows with all three sizes, but not like "K/2" in general:
 - M, N ≫ K: C dominates the traffic and the intensity tends to 2K / bytes per element (K/2 in fp32, K in
-  fp16/bf16) — the only regime where the seed's "K/2" holds;
+  fp16/bf16) — the only regime where the common rule "K/2" holds;
 - M = N = K: 2K / (3 · bytes per element) (K/6 in fp32);
 - K ≫ M, N: A and B dominate, and K drops out: 2MN / (bytes per element · (M + N)).
 
