@@ -152,33 +152,76 @@ def test_wave_efficiency_by_hand():
 
 
 # --- the kernels, compiled for sm_90 without a GPU: the model's shared memory is what the compiler allocates
+# Each compile runs in a fresh process. In a test worker that ran interpreted Triton kernels before, the
+# same compiles failed at times ("'ir.value' object has no attribute 'dtype'", 5 tests of one clean-clone run
+# under -n 2, none alone): the interpreter patches triton.language while it runs, so a compile in that process
+# depends on which tests the worker ran first.
+
+COPY_CASES = [(torch.float32, 2), (torch.bfloat16, 3), (torch.bfloat16, 4)]
 
 
-@pytest.mark.parametrize("dtype, stages", [(torch.float32, 2), (torch.bfloat16, 3), (torch.bfloat16, 4)])
-def test_copy_compiles_for_sm90_with_the_modelled_shared_memory(dtype, stages):
-    desc = descriptor(300, 1000, [64, 128], dtype)
-    k = compile_for_hopper(
-        ch08_copy._tma_copy_kernel, {"in_desc": desc, "out_desc": desc}, {"STAGES": stages}, 1
+def _compile_case(case: str) -> dict:
+    """What the compiler made of one case: its shared memory and which instructions its PTX holds."""
+    kind, _, name = case.partition(":")
+    if kind == "copy":
+        dtype, stages = COPY_CASES[int(name)]
+        desc = descriptor(300, 1000, [64, 128], dtype)
+        args, constexprs, warps = {"in_desc": desc, "out_desc": desc}, {"STAGES": stages}, 1
+        kernel = ch08_copy._tma_copy_kernel
+    else:
+        cfg = ch08_gemm.CONFIGS[name]
+        args = {
+            "a_desc": descriptor(1000, 512, [cfg.block_m, cfg.block_k]),
+            "b_desc": descriptor(512, 776, [cfg.block_k, cfg.block_n]),
+            "c_desc": descriptor(1000, 776, [cfg.block_m, cfg.block_n]),
+        }
+        constexprs = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "num_warps": cfg.num_warps}
+        kernel, warps = ch08_gemm._gemm_ws_kernel, cfg.num_warps
+    k = compile_for_hopper(kernel, args, constexprs, warps)
+    ptx = k.asm["ptx"]
+    found = {word: word in ptx for word in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg")}
+    return {"shared": k.metadata.shared, **found}
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    """Every case of this section compiled in one fresh Python process: {case: _compile_case(case)}."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cases = [f"copy:{i}" for i in range(len(COPY_CASES))] + [f"gemm:{c}" for c in sorted(ch08_gemm.CONFIGS)]
+    here = Path(__file__).resolve().parent
+    code = (
+        "import json, sys; import test_ch08_hopper as t; "
+        "print(json.dumps({c: t._compile_case(c) for c in sys.argv[1:]}))"
     )
-    assert k.metadata.shared == models.copy_smem_bytes(64, 128, stages, dtype.itemsize)
-    assert "cp.async.bulk.tensor" in k.asm["ptx"]  # the loads and stores are TMA copies
+    env = {**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{here.parent}"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *cases], capture_output=True, text=True, timeout=600, env=env, cwd=here
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", range(len(COPY_CASES)))
+def test_copy_compiles_for_sm90_with_the_modelled_shared_memory(compiled, case):
+    dtype, stages = COPY_CASES[case]
+    k = compiled[f"copy:{case}"]
+    assert k["shared"] == models.copy_smem_bytes(64, 128, stages, dtype.itemsize)
+    assert k["cp.async.bulk.tensor"]  # the loads and stores are TMA copies
 
 
 @pytest.mark.parametrize("config", sorted(ch08_gemm.CONFIGS))
-def test_gemm_compiles_for_sm90_with_the_modelled_shared_memory(config):
+def test_gemm_compiles_for_sm90_with_the_modelled_shared_memory(compiled, config):
     cfg = ch08_gemm.CONFIGS[config]
-    descs = {
-        "a_desc": descriptor(1000, 512, [cfg.block_m, cfg.block_k]),
-        "b_desc": descriptor(512, 776, [cfg.block_k, cfg.block_n]),
-        "c_desc": descriptor(1000, 776, [cfg.block_m, cfg.block_n]),
-    }
-    constexprs = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "num_warps": cfg.num_warps}
-    k = compile_for_hopper(ch08_gemm._gemm_ws_kernel, descs, constexprs, cfg.num_warps)
+    k = compiled[f"gemm:{config}"]
     # The model counts tiles and barriers; the compiler adds a few bytes of its own (under 256).
-    assert 0 <= k.metadata.shared - cfg.smem_bytes() < 256
-    assert k.metadata.shared <= models.SMEM_PER_BLOCK
-    ptx = k.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
+    assert 0 <= k["shared"] - cfg.smem_bytes() < 256
+    assert k["shared"] <= models.SMEM_PER_BLOCK
+    assert k["wgmma.mma_async"] and k["cp.async.bulk.tensor"] and k["setmaxnreg"]
 
 
 # --- input checks (any lane) --------------------------------------------------------------------------------

@@ -46,6 +46,16 @@ def _smoke_output(script: str) -> str:
 
 
 @cpu_lane
+def test_int4_gemv_designs_smoke_mode_passes():
+    """experiments/int4_gemv.py: the one-row 4-bit GEMV with one logic op a weight (`lop`: nibbles OR-ed into
+    the floats 128 and 2048, their offsets taken off once a word) matches fp64 under the interpreter, beside
+    the `fma` design it is measured against."""
+    out = _smoke_output("int4_gemv.py")
+    errors = [float(line.rsplit("err ", 1)[1]) for line in out.splitlines() if line.startswith("smoke int4")]
+    assert len(errors) == 3 and max(errors) < 5e-3 and out.count("smoke int4 lop") == 2
+
+
+@cpu_lane
 def test_alignment_experiment_smoke_mode_passes():
     """experiments/alignment.py: the tiled kernel with ALIGN = 1 and with the true alignment, both checked."""
     out = _smoke_output("alignment.py")
