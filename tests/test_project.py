@@ -157,11 +157,12 @@ def _fake_venv(tmp_path):
 
 
 def _make(*args, timeout=120):
+    """make in the project, for a CPU-lane venv (`_fake_venv`) whatever this machine has: on a GPU machine the
+    default lane is gpu, and a venv built for the cpu lane would be rebuilt."""
     import subprocess
 
-    return subprocess.run(
-        ["make", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
+    command = ["make", "--no-print-directory", "LANE=cpu", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def test_make_lab_never_prints_a_url_it_does_not_serve(tmp_path):
