@@ -81,7 +81,8 @@ def _offset(i: tl.constexpr):
 
 @triton.jit
 def int4_lop(x_ptr, w_ptr, s_ptr, out_ptr, N, K, k_split, f128, f2048, BLOCK_N: tl.constexpr,
-             BLOCK_W: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+             BLOCK_W: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
+             PREFETCH: tl.constexpr):  # fmt: skip
     KW = K // 8
     c0 = tl.program_id(1) * (k_split // 8)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,8 +90,12 @@ def int4_lop(x_ptr, w_ptr, s_ptr, out_ptr, N, K, k_split, f128, f2048, BLOCK_N: 
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * KW + (c0 + rc)[None, :]
     s_ptrs = s_ptr + rn.to(tl.int64)[:, None] * (K // 128) + ((c0 + rc) // 16)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    words = tl.load(w_ptrs)
     for c in tl.range(0, k_split // 8, BLOCK_W, num_stages=STAGES):
-        words = tl.load(w_ptrs + c)  # read BN x BW words: eight weights each
+        if PREFETCH:  # the next step's words are in flight while this step converts and multiplies
+            following = tl.load(w_ptrs + c + BLOCK_W, mask=c + BLOCK_W < k_split // 8, other=0)
+        else:
+            words = tl.load(w_ptrs + c)  # read BN x BW words: eight weights each
         part = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
         offset = tl.zeros([BLOCK_W], dtype=tl.float32)  # sum over the word's k of x (c + 8): every row's
         for i in tl.static_range(8):
@@ -98,6 +103,8 @@ def int4_lop(x_ptr, w_ptr, s_ptr, out_ptr, N, K, k_split, f128, f2048, BLOCK_N: 
             part += _nib_magic(words, i, f128, f2048) * xi[None, :]
             offset += xi * _offset(i)
         acc += (part - offset[None, :]) * tl.load(s_ptrs + c // 16).to(tl.float32)  # the group's scale
+        if PREFETCH:
+            words = following
     total = tl.sum(acc, axis=1)
     if SPLIT:
         tl.store(out_ptr + tl.program_id(1) * N + rn, total)
@@ -105,7 +112,7 @@ def int4_lop(x_ptr, w_ptr, s_ptr, out_ptr, N, K, k_split, f128, f2048, BLOCK_N: 
         tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty))
 
 
-DESIGNS = {"fma": weight_gemv.int4_fma, "lop": int4_lop}
+DESIGNS = {"fma": weight_gemv.int4_fma, "lop": int4_lop, "lop_pf": int4_lop}
 
 
 def make_call(design, cfg, x, w, s):
@@ -115,11 +122,15 @@ def make_call(design, cfg, x, w, s):
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if splits > 1 else out
     kernel = DESIGNS[design]
-    magic = (0x43000000, 0x45000000) if design == "lop" else ()  # the floats 128 and 2048
+    lop = design.startswith("lop")
+    magic = (0x43000000, 0x45000000) if lop else ()  # the floats 128 and 2048
     args = (x, w.view(torch.int32), s, part, n, k, k // splits, *magic, block_n, block_w)
+    meta = dict(STAGES=stages, SPLIT=splits > 1, num_warps=warps)
+    if lop:
+        meta["PREFETCH"] = design == "lop_pf"
 
     def launch():
-        kernel[(n // block_n, splits)](*args, STAGES=stages, SPLIT=splits > 1, num_warps=warps)
+        kernel[(n // block_n, splits)](*args, **meta)
 
     if splits == 1:
         return launch, out
@@ -146,11 +157,14 @@ def configs(design):
     if design == "fma":  # the first sweep's best at both shapes, with its neighbours
         return [(4, 128, 4, 3, sp) for sp in (1, 2, 4)] + [(8, 64, 4, 3, sp) for sp in (1, 2, 4)]
     tiles = [(32, 16, 4), (64, 16, 4), (64, 32, 4), (128, 16, 4), (128, 16, 8), (128, 32, 8), (256, 16, 8)]
+    if design == "lop_pf":  # the prefetch is its own pipeline: one stage
+        return [(bn, bw, w, 1, sp) for bn, bw, w in tiles for sp in (2, 4, 8)]
     return [(bn, bw, w, st, sp) for bn, bw, w in tiles for st in (2, 4) for sp in (1, 2, 4, 8)]
 
 
 def smoke() -> None:
-    for design, cfg in (("fma", (16, 32, 4, 1, 2)), ("lop", (16, 16, 4, 1, 2)), ("lop", (32, 32, 4, 1, 1))):
+    cases = [("fma", (16, 32, 4, 1, 2)), ("lop", (16, 16, 4, 1, 2)), ("lop", (32, 32, 4, 1, 1))]
+    for design, cfg in cases + [("lop_pf", (16, 16, 4, 1, 2)), ("lop_pf", (32, 32, 4, 1, 1))]:
         x, [(w, s)], ref = weight_gemv.case("int4", 1, 64, 512, torch.float16, "cpu")
         err = check(design, cfg, x, w, s, ref)
         print(f"smoke int4 {design} {cfg}: err {err:.1e}", flush=True)
@@ -233,14 +247,38 @@ def measure_shape(m, n, k, deadline) -> list[dict]:
     return rows
 
 
+#: The configs `--profile` launches under Nsight Compute (each design's best of the first H200 sweep).
+PROFILED = {"fma": (8, 64, 4, 3, 2), "lop": (128, 16, 4, 4, 8), "lop_pf": (128, 16, 4, 1, 8)}
+
+
+def profile(n: int = 14336, k: int = 4096) -> None:
+    """Each of PROFILED's kernels and torch's int4pack, three launches each, for `ncu` to count
+    (int4_gemv.sh): instructions, issue slots, DRAM throughput, warps waiting on memory."""
+    from labkernels.ch07_decode import bench as ch07_bench
+
+    x, [(w, s)], ref = weight_gemv.case("int4", 1, n, k, torch.bfloat16, "cuda")
+    calls = {design: make_call(design, cfg, x, w, s)[0] for design, cfg in PROFILED.items()}
+    int4pack = ch07_bench.torch_int4(w, s)
+    calls["int4pack"] = lambda: int4pack(x)
+    for design, call in calls.items():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        print(f"profiled {design}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--profile", action="store_true")
     parser.add_argument("--budget", type=float, default=300.0)
     args = parser.parse_args()
     if args.smoke or not on_gpu():
         smoke()
+        return 0
+    if args.profile:
+        profile()
         return 0
     deadline = time.time() + args.budget
     rows = measure_shape(1, 4096, 4096, deadline - args.budget / 2)  # half the sweep budget a shape
