@@ -90,10 +90,16 @@ def int4_lop(x_ptr, w_ptr, s_ptr, out_ptr, N, K, k_split, f128, f2048, BLOCK_N: 
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * KW + (c0 + rc)[None, :]
     s_ptrs = s_ptr + rn.to(tl.int64)[:, None] * (K // 128) + ((c0 + rc) // 16)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    steps = k_split // 8
     words = tl.load(w_ptrs)
-    for c in tl.range(0, k_split // 8, BLOCK_W, num_stages=STAGES):
-        if PREFETCH:  # the next step's words are in flight while this step converts and multiplies
-            following = tl.load(w_ptrs + c + BLOCK_W, mask=c + BLOCK_W < k_split // 8, other=0)
+    if PREFETCH == 2:
+        following = tl.load(w_ptrs + BLOCK_W, mask=BLOCK_W < steps, other=0)
+    for c in tl.range(0, steps, BLOCK_W, num_stages=STAGES):
+        # PREFETCH steps ahead: the next steps' words are in flight while this step converts and multiplies
+        if PREFETCH == 1:
+            following = tl.load(w_ptrs + c + BLOCK_W, mask=c + BLOCK_W < steps, other=0)
+        elif PREFETCH == 2:
+            after = tl.load(w_ptrs + c + 2 * BLOCK_W, mask=c + 2 * BLOCK_W < steps, other=0)
         else:
             words = tl.load(w_ptrs + c)  # read BN x BW words: eight weights each
         part = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
@@ -103,8 +109,11 @@ def int4_lop(x_ptr, w_ptr, s_ptr, out_ptr, N, K, k_split, f128, f2048, BLOCK_N: 
             part += _nib_magic(words, i, f128, f2048) * xi[None, :]
             offset += xi * _offset(i)
         acc += (part - offset[None, :]) * tl.load(s_ptrs + c // 16).to(tl.float32)  # the group's scale
-        if PREFETCH:
+        if PREFETCH == 1:
             words = following
+        elif PREFETCH == 2:
+            words = following
+            following = after
     total = tl.sum(acc, axis=1)
     if SPLIT:
         tl.store(out_ptr + tl.program_id(1) * N + rn, total)
@@ -112,7 +121,8 @@ def int4_lop(x_ptr, w_ptr, s_ptr, out_ptr, N, K, k_split, f128, f2048, BLOCK_N: 
         tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty))
 
 
-DESIGNS = {"fma": weight_gemv.int4_fma, "lop": int4_lop, "lop_pf": int4_lop}
+DESIGNS = {"fma": weight_gemv.int4_fma, "lop": int4_lop, "lop_pf": int4_lop, "lop_pf2": int4_lop}
+PREFETCH = {"lop": 0, "lop_pf": 1, "lop_pf2": 2}  # steps of words loaded ahead
 
 
 def make_call(design, cfg, x, w, s):
@@ -127,7 +137,7 @@ def make_call(design, cfg, x, w, s):
     args = (x, w.view(torch.int32), s, part, n, k, k // splits, *magic, block_n, block_w)
     meta = dict(STAGES=stages, SPLIT=splits > 1, num_warps=warps)
     if lop:
-        meta["PREFETCH"] = design == "lop_pf"
+        meta["PREFETCH"] = PREFETCH[design]
 
     def launch():
         kernel[(n // block_n, splits)](*args, **meta)
@@ -159,12 +169,16 @@ def configs(design):
     tiles = [(32, 16, 4), (64, 16, 4), (64, 32, 4), (128, 16, 4), (128, 16, 8), (128, 32, 8), (256, 16, 8)]
     if design == "lop_pf":  # the prefetch is its own pipeline: one stage
         return [(bn, bw, w, 1, sp) for bn, bw, w in tiles for sp in (2, 4, 8)]
+    if design == "lop_pf2":  # fewer registers a program, more programs an SM: more bytes in flight
+        tiles = [(64, 16, 2), (64, 16, 4), (128, 16, 4), (128, 16, 8), (128, 32, 8), (256, 16, 8)]
+        return [(bn, bw, w, 1, sp) for bn, bw, w in tiles for sp in (4, 8, 16)]
     return [(bn, bw, w, st, sp) for bn, bw, w in tiles for st in (2, 4) for sp in (1, 2, 4, 8)]
 
 
 def smoke() -> None:
     cases = [("fma", (16, 32, 4, 1, 2)), ("lop", (16, 16, 4, 1, 2)), ("lop", (32, 32, 4, 1, 1))]
-    for design, cfg in cases + [("lop_pf", (16, 16, 4, 1, 2)), ("lop_pf", (32, 32, 4, 1, 1))]:
+    cases += [("lop_pf", (16, 16, 4, 1, 2)), ("lop_pf", (32, 32, 4, 1, 1)), ("lop_pf2", (16, 16, 4, 1, 1))]
+    for design, cfg in cases + [("lop_pf2", (32, 32, 4, 1, 2))]:
         x, [(w, s)], ref = weight_gemv.case("int4", 1, 64, 512, torch.float16, "cpu")
         err = check(design, cfg, x, w, s, ref)
         print(f"smoke int4 {design} {cfg}: err {err:.1e}", flush=True)
@@ -248,7 +262,12 @@ def measure_shape(m, n, k, deadline) -> list[dict]:
 
 
 #: The configs `--profile` launches under Nsight Compute (each design's best of the first H200 sweep).
-PROFILED = {"fma": (8, 64, 4, 3, 2), "lop": (128, 16, 4, 4, 8), "lop_pf": (128, 16, 4, 1, 8)}
+PROFILED = {
+    "fma": (8, 64, 4, 3, 2),
+    "lop": (128, 16, 4, 4, 8),
+    "lop_pf": (128, 16, 4, 1, 8),
+    "lop_pf2": (128, 16, 4, 1, 8),
+}
 
 
 def profile(n: int = 14336, k: int = 4096) -> None:

@@ -49,12 +49,13 @@ def _smoke_output(script: str) -> str:
 def test_int4_gemv_designs_smoke_mode_passes():
     """experiments/int4_gemv.py: the one-row 4-bit GEMV with one logic op a weight (`lop`: nibbles OR-ed into
     the floats 128 and 2048, their offsets taken off once a word) matches fp64 under the interpreter, beside
-    the `fma` design it is measured against, and `lop_pf` (the next step's words loaded before this step's
-    conversion)."""
+    the `fma` design it is measured against, and `lop_pf` / `lop_pf2` (the next one or two steps' words
+    loaded before this step's conversion)."""
     out = _smoke_output("int4_gemv.py")
     errors = [float(line.rsplit("err ", 1)[1]) for line in out.splitlines() if line.startswith("smoke int4")]
-    assert len(errors) == 5 and max(errors) < 5e-3
+    assert len(errors) == 7 and max(errors) < 5e-3
     assert out.count("smoke int4 lop ") == 2 and out.count("smoke int4 lop_pf ") == 2
+    assert out.count("smoke int4 lop_pf2 ") == 2
 
 
 @cpu_lane
