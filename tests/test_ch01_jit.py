@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import labkernels  # noqa: F401  (picks the lane first)
-from labkernels.ch01_jit import build, diagnostics, ops
+from labkernels.ch01_jit import build, cache, diagnostics, ops
 from labkernels.ch01_jit.rebuild import measure_rebuilds, rebuild_facts, scenarios
 
 HAS_CUDA = torch.cuda.is_available()
@@ -309,7 +309,61 @@ def test_compile_error_shows_the_first_error_and_the_learners_line():
     assert "c++" in info.value.log  # which is still there for whoever wants it
 
 
-def test_stale_lock_is_detected_explained_and_fixed(tmp_path):
+@pytest.fixture
+def file_baton_torch(monkeypatch):
+    """torch's FileBaton lock (torch <= 2.13: the file exists while a build runs), whatever torch this is."""
+    monkeypatch.setattr(diagnostics, "torch_builds_hold_an_os_lock", lambda: False)
+
+
+@pytest.fixture
+def os_lock_torch(monkeypatch):
+    """torch's OS lock (torch >= 2.14: filelock, its file left behind), whatever torch this is."""
+    monkeypatch.setattr(diagnostics, "torch_builds_hold_an_os_lock", lambda: True)
+
+
+def test_the_lock_kind_is_the_installed_torchs():
+    from torch.utils import cpp_extension
+
+    assert diagnostics.torch_builds_hold_an_os_lock() == (not hasattr(cpp_extension, "FileBaton"))
+
+
+def test_under_an_os_lock_the_file_left_behind_is_neither_stale_nor_a_build(tmp_path, os_lock_torch):
+    """torch >= 2.14 leaves `lock` after every build. Before, it counted as a running build for 5 s (so a
+    damaged library went unchecked) and then as stale (so every load deleted it, with a warning)."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    status = diagnostics.lock_status(tmp_path)
+    assert status.os_lock and not status.stale and not status.building
+    assert diagnostics.check_lock(tmp_path, fix=True).lock == lock and lock.exists()  # kept, no error
+    assert diagnostics.find_stale_locks(tmp_path) == []
+    (tmp_path / "ext.so").write_bytes(b"not a library")  # damaged: checked and deleted, lock or not
+    with pytest.warns(UserWarning, match="deleted it"):
+        assert cache.sound_library(tmp_path / "ext.so") is not None
+    assert not (tmp_path / "ext.so").exists()
+
+
+def test_under_an_os_lock_a_held_lock_is_a_build(tmp_path, os_lock_torch):
+    lock = tmp_path / "lock"
+    code = (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(30)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        status = diagnostics.lock_status(tmp_path)
+        assert status.building and not status.stale
+        (tmp_path / "ext.so").write_bytes(b"being written")  # a build is writing it: left alone
+        assert cache.sound_library(tmp_path / "ext.so") is None and (tmp_path / "ext.so").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not diagnostics.lock_status(tmp_path).building  # the kernel released it with its holder
+
+
+def test_stale_lock_is_detected_explained_and_fixed(tmp_path, file_baton_torch):
     lock = tmp_path / "lock"
     lock.touch()
     old = time.time() - 3600
@@ -324,7 +378,7 @@ def test_stale_lock_is_detected_explained_and_fixed(tmp_path):
     assert diagnostics.check_lock(tmp_path) is None
 
 
-def test_a_lock_held_by_a_live_build_is_not_stale(tmp_path):
+def test_a_lock_held_by_a_live_build_is_not_stale(tmp_path, file_baton_torch):
     lock = tmp_path / "lock"
     holder = subprocess.Popen(
         [
@@ -350,7 +404,7 @@ def test_a_lock_held_by_a_live_build_is_not_stale(tmp_path):
         holder.wait()
 
 
-def test_a_fresh_lock_is_not_stale(tmp_path):
+def test_a_fresh_lock_is_not_stale(tmp_path, file_baton_torch):
     (tmp_path / "lock").touch()
     assert not diagnostics.lock_status(tmp_path).stale
 

@@ -8,7 +8,8 @@
    A damaged one is deleted, so ninja links it again from its objects.
 2. **A lock whose owner died.** torch serialises builds with a `lock` file and waits for it to vanish,
    forever. `bounded_lock_wait()` makes that wait look at the lock: a lock no live process holds is removed
-   and the build retried; a live one is waited on for at most `wait_seconds`, then an error names it.
+   and the build retried; a live one is waited on for at most `wait_seconds`, then an error names it. (From
+   torch 2.14 the lock is an OS lock, which dies with its holder: its file stays and is never removed here.)
 
 And one way it fails under processes at once: **a load meeting a relink.** The linker removes the library and
 writes the new one over seconds, its ELF header last. A process arriving then found a half-written file,
@@ -124,8 +125,8 @@ def sound_library(path: Path) -> str | None:
     loads the result)."""
     if not path.exists() or not sys.platform.startswith("linux"):
         return None
-    building = diagnostics.lock_status(path.parent)
-    if building is not None and not building.stale:
+    lock = diagnostics.lock_status(path.parent)
+    if lock is not None and lock.building:
         return None
     problem = elf_problem(path)
     if problem is None and not is_verified(path):

@@ -10,6 +10,9 @@ Two things go wrong with `torch.utils.cpp_extension` that cost a learner an afte
    directory (`FileBaton`). A build interrupted the hard way (kernel restarted or killed mid-build) leaves
    the file behind, and every later build waits on it, silently, forever. `check_lock()` tells a live
    build (some process still holds the file open) from a stale lock (nobody does) and says how to fix it.
+   From torch 2.14 the `lock` file is an OS lock (`filelock`): the kernel releases it when its holder dies,
+   and the file stays behind after every build. There no lock is ever stale; a build runs while some
+   process holds the lock (`os_lock_held`).
 """
 
 from __future__ import annotations
@@ -41,19 +44,56 @@ class StaleLockError(RuntimeError):
         super().__init__(status.explain())
 
 
+def torch_builds_hold_an_os_lock() -> bool:
+    """True from torch 2.14, whose builds lock `lock` with an OS lock (filelock) and leave the file behind;
+    False for torch's FileBaton (up to 2.13), whose file exists only while a build runs."""
+    from torch.utils import cpp_extension
+
+    return "FileBaton" not in vars(cpp_extension)
+
+
+def os_lock_held(lock: Path) -> bool:
+    """Whether some process holds an OS lock (`flock`, as filelock takes it) on `lock`: asked by trying to
+    take it without waiting, and letting go at once."""
+    try:
+        import fcntl
+
+        fd = os.open(lock, os.O_RDWR)
+    except (ImportError, OSError):  # no fcntl, or the file is gone: nobody holds it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class LockStatus:
     lock: Path
     age_seconds: float
     holders: tuple[int, ...] | None  # pids with the lock open; None where that cannot be known
+    os_lock: bool = False  # torch >= 2.14: `lock` is an OS lock, and its file outlives every build
 
     @property
     def stale(self) -> bool:
+        if self.os_lock:  # released by the kernel when its holder dies: a file left behind blocks nothing
+            return False
         if self.age_seconds < MIN_STALE_SECONDS:
             return False
         if self.holders is None:
             return self.age_seconds > FALLBACK_STALE_SECONDS
         return not self.holders
+
+    @property
+    def building(self) -> bool:
+        """Whether a build of this extension is running now (it writes the library)."""
+        if self.os_lock:
+            return os_lock_held(self.lock)
+        return not self.stale
 
     def explain(self) -> str:
         if not self.stale:
@@ -113,7 +153,7 @@ def lock_status(build_directory: str | os.PathLike) -> LockStatus | None:
         age = time.time() - lock.stat().st_mtime
     except FileNotFoundError:
         return None
-    return LockStatus(lock, max(age, 0.0), lock_holders(lock))
+    return LockStatus(lock, max(age, 0.0), lock_holders(lock), torch_builds_hold_an_os_lock())
 
 
 def check_lock(build_directory: str | os.PathLike, *, fix: bool = False) -> LockStatus | None:
