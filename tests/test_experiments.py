@@ -3,6 +3,7 @@ tiny shapes, every variant checked against fp64 with its output poisoned first).
 script broken by a change to the package should fail here, not on the GPU."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,59 @@ def test_matmul_fill_experiments_cpu_smoke_passes(script, checked):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "WRONG" not in done.stdout and done.stdout.count(" ok") >= checked
+
+
+# --- the house: what is course and what is experiment -------------------------------------------------
+
+
+def _index_rows() -> dict[str, str]:
+    """experiments/README.md's index: script -> its row."""
+    rows = {}
+    for line in (ROOT / "experiments" / "README.md").read_text().splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            for name in re.findall(r"`([\w.]+\.py)`", first):
+                rows[name] = line
+    return rows
+
+
+def test_every_experiment_is_in_the_index_with_what_it_wrote():
+    """Each script, CUDA source and job script in experiments/ has its row in the README's index (script ->
+    the CSV it wrote -> the notebook section that reads it), so a newcomer can tell what each one is for. The
+    shared helpers are named in the README's text."""
+    readme = (ROOT / "experiments" / "README.md").read_text()
+    rows = _index_rows()
+    missing = []
+    for path in sorted((ROOT / "experiments").iterdir()):
+        if path.suffix not in (".py", ".sh", ".cu", ".cuh"):
+            continue
+        sibling = rows.get(path.with_suffix(".py").name, "")
+        if path.name in rows or f"`{path.name}`" in readme or (path.suffix == ".sh" and "`.sh`" in sibling):
+            continue
+        missing.append(path.name)
+    assert not missing, f"not in experiments/README.md's index: {missing}"
+    assert {"recording.py", "sm90.py"} <= {p.name for p in (ROOT / "experiments").glob("*.py")}
+
+
+def test_every_shipped_record_is_read_or_indexed():
+    """A reference CSV is read by a notebook, the package or a test, or is named in the experiments' index as
+    the record of the experiment behind a choice: none is left that nothing shows or explains."""
+    import glob
+
+    patterns = ("notebooks/*.ipynb", "notebooks/appendix/*.ipynb", "labkernels/**/*.py", "tests/*.py",
+                "solutions/*.ipynb", "experiments/README.md")  # fmt: skip
+    files = [p for pattern in patterns for p in glob.glob(str(ROOT / pattern), recursive=True)]
+    texts = [Path(p).read_text(errors="replace") for p in files]
+    blob = "\n".join(texts)
+    unread = [p.name for p in sorted((ROOT / "labkernels" / "reference").glob("*.csv")) if p.stem not in blob]
+    assert not unread, f"reference CSVs that nothing reads or indexes: {unread}"
+
+
+def test_the_house_checks_can_fail(tmp_path, monkeypatch):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "README.md").write_text("| `a.py` (`.sh`) | x.csv | 01 |\n")
+    for name in ("a.py", "a.sh", "b.py", "recording.py", "sm90.py"):
+        (tmp_path / "experiments" / name).write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    with pytest.raises(AssertionError, match=r"\['b.py', 'recording.py', 'sm90.py'\]"):
+        test_every_experiment_is_in_the_index_with_what_it_wrote()
