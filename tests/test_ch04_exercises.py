@@ -77,3 +77,20 @@ def test_exercise_4_5_refuses_wrong_order_bad_writes_and_no_kernel(answer, most,
     rec = grade("4.5", answer)
     text = format_record(rec)
     assert rec["earned"] <= most and reason in text, text
+
+
+def no_tap_anywhere(n, p, q, r, s, c, height, width, channels, stride, padding):
+    """Wrong everywhere: every case fails on its first example, which its message shows."""
+    return -2
+
+
+def test_exercise_4_3_cases_show_the_shapes_their_titles_name():
+    """Before, the case titled "padding" could show an example with padding=0, and the case titled "stride 2
+    and 3" one with stride=1: their shapes drew padding from 0 and stride from 1."""
+    for _ in range(4):
+        reasons = {c["case"]: c["reason"] for c in grade("4.3", no_tap_anywhere)["cases"]}
+        padded = reasons["padding: taps outside the image read nothing (-1)"]
+        strided = reasons["stride 2 and 3 with padding"]
+        assert "padding=" in padded and "padding=0" not in padded, padded
+        assert "stride=1 " in padded  # the padding case keeps stride 1
+        assert "padding=0" not in strided and "stride=1 " not in strided, strided

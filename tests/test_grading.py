@@ -113,7 +113,12 @@ def test_speed_cases_are_skipped_on_the_cpu_lane_and_said_so():
     rec = grade("T.1", submissions.correct, speed=True)
     assert rec["possible"] == 0
     assert [c["status"] for c in rec["cases"]] == ["skip"]
-    assert "CPU lane" in format_record(rec)
+    text = format_record(rec)
+    assert "CPU lane" in text and "no GPU to time" in text  # true of every speed case: kernels, cuBLAS, cuDNN
+    # Before: "SKIP ... [0/1]", then "Score: 0/0", read as a point lost. A skipped case shows no score.
+    points = rec["cases"][0]["points"]
+    assert f"[0/{points:g}]" not in text and "[not graded here: " in text
+    assert "graded on a GPU, not here)" in text.splitlines()[-1]
 
 
 @pytest.mark.gpu

@@ -182,7 +182,7 @@ def bounded_lock_wait(wait_seconds: float = WAIT_SECONDS):
     to recover, and the block changes nothing."""
     from torch.utils import cpp_extension
 
-    if "FileBaton" not in vars(cpp_extension):
+    if diagnostics.torch_builds_hold_an_os_lock():
         yield
         return
     original = cpp_extension.FileBaton

@@ -80,14 +80,26 @@ def submit(ex_id: str, answer, path: str) -> None:
 def format_record(record: dict) -> str:
     kind = "speed" if record["speed"] else "correctness"
     lines = [f"Exercise {record['exercise']} · {record['title']} · {kind}"]
+    not_graded = 0.0
     for c in record["cases"]:
         mark = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}[c["status"]]
         why = f" — {c['reason']}" if c["reason"] else ""
-        lines.append(f"  {mark}  {c['case']}{why}  [{c['earned']:g}/{c['points']:g}]")
+        if c["status"] == "skip":  # not graded here: no points lost, none counted
+            not_graded += c["points"]
+            lines.append(f"  {mark}  {c['case']}{why}  [not graded here: {_points(c['points'])}]")
+        else:
+            lines.append(f"  {mark}  {c['case']}{why}  [{c['earned']:g}/{c['points']:g}]")
     if record["error"]:
         lines.append(f"  STOPPED: {record['error']}")
-    lines.append(f"  Score: {record['earned']:g}/{record['possible']:g}")
+    score = f"  Score: {record['earned']:g}/{record['possible']:g}"
+    if not_graded:
+        score += f" (and {_points(not_graded)} graded on a GPU, not here)"
+    lines.append(score)
     return "\n".join(lines)
+
+
+def _points(points: float) -> str:
+    return f"{points:g} point" + ("" if points == 1 else "s")
 
 
 def check(ex_id: str, answer, timeout_s: float | None = None) -> None:

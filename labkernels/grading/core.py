@@ -102,7 +102,7 @@ class Grader:
         and a speed run skips the others: a skipped body stops at its first grader call (`_Skip`)."""
         graded_in_this_run = gpu_only == self.speed
         if graded_in_this_run and gpu_only and self.lane != "gpu":
-            reason = "skipped on the CPU lane: interpreter timings say nothing about a GPU"
+            reason = "graded on the GPU lane only: on the CPU lane there is no GPU to time"
             self._record(
                 {
                     "case": name,

@@ -186,10 +186,10 @@ def _tap_table(batch, height, width, channels, r, stride, padding) -> torch.Tens
 @exercise("4.3", "Implicit GEMM: the NHWC input offset of a filter tap", points=3, timeout_s=60)
 def _grade_4_3(student, g):
     # student(n, p, q, r, s, c, H, W, C, stride, padding) -> flat offset into NHWC input, or -1 for padding
-    def shape_cases(count, padding_max, stride_max):
+    def shape_cases(count, paddings, strides):  # (lowest, highest) of each: a case's shapes are what it names
         for _ in range(count):
             kernel = g.choice([1, 3, 5])
-            padding, stride = g.randint(0, padding_max), g.randint(1, stride_max)
+            padding, stride = g.randint(*paddings), g.randint(*strides)
             batch, channels = g.randint(1, 3), g.randint(1, 7)
             height, width = g.randint(kernel, 13), g.randint(kernel, 13)
             if height + 2 * padding < kernel or width + 2 * padding < kernel:
@@ -214,13 +214,13 @@ def _grade_4_3(student, g):
             )
 
     with g.case("stride 1, no padding", points=1):
-        for shape in shape_cases(6, 0, 1):
+        for shape in shape_cases(6, (0, 0), (1, 1)):
             check_all(*shape)
     with g.case("padding: taps outside the image read nothing (-1)", points=1):
-        for shape in shape_cases(6, 2, 1):
+        for shape in shape_cases(6, (1, 2), (1, 1)):
             check_all(*shape)
     with g.case("stride 2 and 3 with padding", points=1):
-        for shape in shape_cases(8, 2, 3):
+        for shape in shape_cases(8, (1, 2), (2, 3)):
             check_all(*shape)
 
 
