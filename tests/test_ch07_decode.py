@@ -281,13 +281,72 @@ def test_pack_unpack_and_quantize():
 @pytest.mark.parametrize(
     "m, n, k, splits", [(1, 100, 256, None), (3, 70, 512, 3), (5, 33, 384, 2), (16, 64, 128, 1)]
 )
-def test_int4_matmul_matches_float64(m, n, k, splits, dtype):
+def test_int4_matmul_matches_float64(m, n, k, splits, dtype, poisoned_int4_outputs):
     a = _randn(m, k, dtype=dtype)
     packed, scales = int4.quantize_int4(_randn(n, k, dtype=dtype))
     got = int4.int4_matmul(a, packed, scales, **({"splits": splits} if splits else {}))
     want = int4.reference(a, packed, scales)
     tol = TOL[dtype] * max(1.0, float(want.abs().max()))
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=TOL[dtype])
+
+
+@pytest.fixture
+def poisoned_int4_outputs(monkeypatch):
+    """Every output and partial-sum buffer of the int4 kernels starts as NaN: an element no program writes
+    shows up in the result."""
+    monkeypatch.setattr(
+        int4,
+        "_output",
+        lambda shape, like, dtype: torch.full(shape, float("nan"), device=like.device, dtype=dtype),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "n, k, config",
+    [
+        (100, 256, {}),  # the lane's defaults
+        (70, 640, {"splits": 3, "block_n": 16}),  # 5 groups in splits of 2, 2, 1; a partial column tile
+        (
+            33,
+            384,
+            {"splits": 1, "block_n": 32, "num_warps": 2},
+        ),  # one group a step, the prefetch past the end
+        (129, 128, {"splits": 4, "block_n": 64}),  # one group: the split count shrinks to 1
+    ],
+)
+def test_int4_one_row_kernel_matches_float64(n, k, config, dtype, poisoned_int4_outputs):
+    a = _randn(1, k, dtype=dtype)
+    packed, scales = int4.quantize_int4(_randn(n, k, dtype=dtype))
+    got = int4.int4_matmul(a, packed, scales, row=True, **config)
+    want = int4.reference(a, packed, scales)
+    tol = TOL[dtype] * max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=TOL[dtype])
+    many_rows = int4.int4_matmul(a, packed, scales, row=False).double()  # the other kernel, same answer
+    torch.testing.assert_close(got.double(), many_rows, atol=tol, rtol=TOL[dtype])
+
+
+def test_int4_one_row_config_fills_the_sms():
+    """The one-row defaults reproduce the H200's measured best (K = 4096: 128 columns, 4 warps, 16 splits of
+    2 groups at N = 4096; 64 columns, 2 warps, 4 splits of 8 groups at N = 14336), and every split is whole,
+    non-empty groups."""
+    assert int4.row_config(4096, 4096, sms=132) == {"block_n": 128, "num_warps": 4, "splits": 16}
+    assert int4.row_config(14336, 4096, sms=132) == {"block_n": 64, "num_warps": 2, "splits": 4}
+    for n, k in [(4096, 14336), (100, 256), (50000, 128), (8, 128 * 1000)]:
+        splits, groups = int4.row_config(n, k, sms=132)["splits"], k // int4.GROUP
+        per_split = -(-groups // splits)
+        assert 1 <= splits <= groups and (splits - 1) * per_split < groups <= splits * per_split
+
+
+def test_int4_one_row_refuses_what_it_cannot_run():
+    dtype = DTYPES[0]
+    packed, scales = int4.quantize_int4(_randn(8, 256, dtype=dtype))
+    with pytest.raises(ValueError, match="one-row kernel, and a has 2 rows"):
+        int4.int4_matmul(_randn(2, 256, dtype=dtype), packed, scales, row=True)
+    with pytest.raises(ValueError, match="power of two"):
+        int4.int4_matmul(_randn(1, 256, dtype=dtype), packed, scales, block_n=24)
+    with pytest.raises(ValueError, match="at least 1"):
+        int4.int4_matmul(_randn(1, 256, dtype=dtype), packed, scales, splits=0)
 
 
 def test_int4_both_paths_agree():

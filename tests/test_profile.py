@@ -167,12 +167,37 @@ def test_registry_lists_every_case():
     from labkernels.ch04_libraries import profiles as ch04
     from labkernels.ch05_fusion import profiles as ch05
     from labkernels.ch06_attention import profiles as ch06
+    from labkernels.ch07_decode import profiles as ch07
 
     found = P.discover()
-    for name in [*ch02.CASES, *ch03.CASES, *ch04.CASES, *ch04.CONV_CASES, *ch05.CASES, *ch06.CASES]:
+    chapters = [
+        *ch02.CASES,
+        *ch03.CASES,
+        *ch04.CASES,
+        *ch04.CONV_CASES,
+        *ch05.CASES,
+        *ch06.CASES,
+        *ch07.CASES,
+    ]
+    for name in chapters:
         assert name in found, name
         assert found[name].doc and found[name].questions
-    assert {n.split(".")[0] for n in found} >= {"ch02", "ch03", "ch04", "ch05", "ch06"}
+    assert {n.split(".")[0] for n in found} >= {"ch02", "ch03", "ch04", "ch05", "ch06", "ch07"}
+
+
+def test_chapter_07_cases_carry_the_bytes_each_gemv_must_read():
+    """The 4-bit cases read half a byte a weight plus the scales; cuBLAS reads two bytes a weight."""
+    from labkernels.ch07_decode import int4
+    from labkernels.ch07_decode import profiles as ch07
+
+    found = P.discover()
+    m, n, k = ch07.M, ch07.N, ch07.K
+    int4_bytes = n * k // 2 + (m * k + n * (k // int4.GROUP) + m * n) * 2
+    assert found["ch07.int4_labkernels"].model_bytes == int4_bytes
+    assert found["ch07.int4_torch_int4pack"].model_bytes == int4_bytes
+    assert found["ch07.int4_cublas_bf16"].model_bytes == (m * k + n * k + m * n) * 2
+    assert found["ch07.int4_labkernels"].total  # the one-row kernel and its split-K sum
+    assert "in_flight" in found["ch07.int4_labkernels"].questions
 
 
 def test_chapter_05_and_06_cases_carry_their_traffic_model():
@@ -204,7 +229,7 @@ def test_make_bench_finds_the_profiler_tables_and_the_timings():
     assert done.returncode == 0, done.stderr[-2000:]
     found = set(done.stdout.split())
     assert {"ch02_profile", "ch03_profile", "ch04_profile", "ch03_grouping", "ch02_transpose"} <= found
-    assert {"ch05_profile", "ch06_profile"} <= found
+    assert {"ch05_profile", "ch06_profile", "ch07_profile"} <= found
 
 
 def test_unknown_case_is_a_clear_error():

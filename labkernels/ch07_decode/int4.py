@@ -12,6 +12,12 @@ conversion). With up to FMA_MAX_M rows it multiplies on the CUDA cores and sums 
 the group's (BLOCK_N, GROUP) tile and calls tl.dot. Either way the scale is applied once per group and column,
 not per weight. Traffic: read MK + KN/2 + 2KN/GROUP, write MN (`traffic`). With few column tiles the K range
 is split over programs (split-K) whose fp32 partial sums a second kernel adds.
+
+One row (M = 1, a decode step at batch 1) has its own kernel, `_int4_row_kernel`: at one row a GEMV does two
+FLOPs a weight, so what limits it is how many bytes are in flight, not arithmetic. Each program keeps the next
+two groups' words loading while it converts the current one, takes a tile of up to 128 columns so each x value
+is loaded and converted once for all of them, and turns a nibble into a float with one mask-and-or
+(`_nibble_plus_offset`); the constant that leaves is subtracted once a word, not once a weight.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ CPU_DTYPES = (torch.float16, torch.float32)
 PROGRAMS_PER_SM = 2  # the split-K model: enough programs to keep every SM reading
 FMA_MAX_M = 4  # up to this many rows, fmas on the CUDA cores; above, tl.dot on the tensor cores
 BLOCK_N, NUM_WARPS, NUM_STAGES = (64, 4, 4) if LANE == "gpu" else (32, 4, 1)
+# The one-row kernel: wide tiles for few columns, narrow ones with fewer warps for many, so each SM holds
+# several programs (H200, K = 4096: 128 columns and 4 warps at N = 4096, 64 and 2 at N = 14336 were fastest).
+ROW_PROGRAMS_PER_SM = 6
+ROW_WIDE_BELOW_N = 8192  # N below this: (128 columns, 4 warps) a program; from it: (64, 2)
 
 
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,6 +92,15 @@ def split_k(m: int, n: int, k: int, block_n: int = BLOCK_N, sms: int | None = No
     sms = sm_count() if sms is None else sms
     tiles = triton.cdiv(n, block_n)
     return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, tiles), k // GROUP))
+
+
+def row_config(n: int, k: int, sms: int | None = None) -> dict:
+    """The one-row kernel's (block_n, num_warps, splits): the K range cut into about enough splits for
+    ROW_PROGRAMS_PER_SM programs an SM (fewer column tiles, more splits), each split whole groups."""
+    sms = sm_count() if sms is None else sms
+    block_n, warps = (128, 4) if n < ROW_WIDE_BELOW_N else (64, 2)
+    wanted = triton.cdiv(ROW_PROGRAMS_PER_SM * sms, triton.cdiv(n, block_n))
+    return {"block_n": block_n, "num_warps": warps, "splits": _splits_of(k // GROUP, wanted)[1]}
 
 
 @triton.jit
@@ -142,6 +161,81 @@ def _int4_gemv_kernel(
 
 
 @triton.jit
+def _nibble_plus_offset(words, i: tl.constexpr, f128, f2048):
+    """Nibble i of 32-bit words as the float 128 + q or 2048 + q, with one mask-and-or (a single LOP3): put at
+    mantissa bits 16-19 of the float 128.0 (0x43000000) a nibble reads as 128 + q exactly, at bits 12-15 of
+    2048.0 (0x45000000) as 2048 + q. Nibbles 3 and 4 already sit there; one shift a pair brings the others.
+    f128 and f2048 are those floats' bits as kernel arguments: in a register, ptxas folds the and-or into one
+    LOP3 (two, with both operands immediate)."""
+    if i == 0 or i == 1:
+        t = words << 12
+    elif i == 2:
+        t = words << 4
+    elif i == 3 or i == 4:
+        t = words
+    elif i == 5:
+        t = words >> 4
+    else:
+        t = words >> 12
+    if i == 1 or i == 4 or i == 5 or i == 7:
+        bits = (t & 0x000F0000) | f128
+    else:
+        bits = (t & 0x0000F000) | f2048
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nibble_offset(i: tl.constexpr):
+    """What `_nibble_plus_offset`'s float holds beyond q - 8: 128 + 8 or 2048 + 8."""
+    if i == 1 or i == 4 or i == 5 or i == 7:
+        return 136.0
+    else:
+        return 2056.0
+
+
+@triton.jit
+def _int4_row_kernel(
+    a_ptr, w_ptr, s_ptr, out_ptr,  # a (1, K); w (N, K/8) int32; s (N, K/GROUP); out (N) or (splits, N) fp32
+    N, K, stride_wn, stride_sn, groups_per_split, f128, f2048,
+    BLOCK_N: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    WORDS: tl.constexpr = GROUP // 8  # a group's weights, eight 4-bit weights a 32-bit word
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, WORDS)
+    n_ok = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_c[None, :]
+    first = tl.program_id(1) * groups_per_split
+    last = tl.minimum(first + groups_per_split, K // GROUP)
+    # Two groups' words in flight before the loop, a third issued at the top of each step: one step's
+    # loads are never waited on by the step that issues them.
+    words = tl.load(w_rows + first * WORDS, mask=n_ok[:, None], other=0)
+    following = tl.load(w_rows + (first + 1) * WORDS, mask=n_ok[:, None] & (first + 1 < last), other=0)
+    acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    for group in range(first, last):
+        after = tl.load(
+            w_rows + (group + 2) * WORDS, mask=n_ok[:, None] & (group + 2 < last), other=0
+        )  # read BLOCK_N x GROUP/2 B, used two steps later
+        part = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+        offset = tl.zeros([WORDS], dtype=tl.float32)  # sum of x (c + 8) over each word's k: for every column
+        for i in tl.static_range(8):
+            x_i = tl.load(a_ptr + group * GROUP + 8 * offs_c + i).to(tl.float32)  # read 16, for all columns
+            if EXACT:  # fp32 inputs: q - 8 exactly, one float add a weight
+                part += (_nibble_plus_offset(words, i, f128, f2048) - _nibble_offset(i)) * x_i[None, :]
+            else:  # 16-bit inputs: the offset once a word; the subtraction costs ~2^-16 of the word's sum
+                part += _nibble_plus_offset(words, i, f128, f2048) * x_i[None, :]
+                offset += x_i * _nibble_offset(i)
+        scale = tl.load(s_ptr + offs_n * stride_sn + group, mask=n_ok, other=0.0).to(tl.float32)  # read N
+        acc += (part - offset[None, :]) * scale[:, None]
+        words = following
+        following = after
+    total = tl.sum(acc, axis=1)
+    if SPLIT:
+        tl.store(out_ptr + tl.program_id(1).to(tl.int64) * N + offs_n, total, mask=n_ok)
+    else:
+        tl.store(out_ptr + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
 def _sum_splits_kernel(
     part_ptr, out_ptr, n_elements, N, stride_om, SPLITS: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -193,20 +287,30 @@ def _check(a, packed, scales) -> None:
         )
 
 
-def _forward(a, packed, scales, splits=None, block_n=None, num_warps=None, num_stages=None, dot=None):
+def _forward(
+    a, packed, scales, splits=None, block_n=None, num_warps=None, num_stages=None, dot=None, row=None
+):
     (m, k), n = a.shape, packed.shape[0]
     if packed.data_ptr() % 4 or packed.stride(0) % 4:  # here, not in _check: a traced tensor has no address
         raise ValueError(
             "int4_matmul: packed is read as 32-bit words: its start and row stride must be multiples of 4"
         )
+    if row is None:
+        row = m == 1 and not dot
+    if row:
+        if m != 1:
+            raise ValueError(f"int4_matmul: row=True is the one-row kernel, and a has {m} rows")
+        config = row_config(n, k) | {
+            key: value for key, value in (("splits", splits), ("block_n", block_n), ("num_warps", num_warps))
+            if value is not None
+        }  # fmt: skip
+        return _forward_row(a, packed, scales, **config)
     block_n = block_n or BLOCK_N
     dot = m > FMA_MAX_M if dot is None else dot
     block_m = 16 if dot else triton.next_power_of_2(m)  # tl.dot's minimum is 16 rows
-    out = torch.empty((m, n), device=a.device, dtype=a.dtype)
-    splits = split_k(m, n, k, block_n) if splits is None else min(splits, k // GROUP)
-    groups_per_split = triton.cdiv(k // GROUP, splits)
-    splits = triton.cdiv(k // GROUP, groups_per_split)
-    target = torch.empty((splits, m, n), device=a.device, dtype=torch.float32) if splits > 1 else out
+    out = _output((m, n), a, a.dtype)
+    groups_per_split, splits = _splits_of(k // GROUP, split_k(m, n, k, block_n) if splits is None else splits)
+    target = _output((splits, m, n), a, torch.float32) if splits > 1 else out
     words = packed.view(torch.int32)  # (N, K/8): eight 4-bit weights a word, k = 8c + i in nibble i
     _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
         a, words, scales, target, m, n, k, a.stride(0), words.stride(0), scales.stride(0), out.stride(0),
@@ -214,10 +318,49 @@ def _forward(a, packed, scales, splits=None, block_n=None, num_warps=None, num_s
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            target, out, m * n, n, out.stride(0), SPLITS=splits, BLOCK=block
-        )
+        _sum_splits(target, out)
+    return out
+
+
+def _output(shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Every buffer a kernel here writes is allocated by this one function (the tests poison it)."""
+    return torch.empty(shape, device=like.device, dtype=dtype)
+
+
+def _splits_of(groups: int, splits: int) -> tuple[int, int]:
+    """(groups a split, splits): `splits` asked for, fewer if the groups do not fill the last ones."""
+    if splits < 1:
+        raise ValueError(f"int4_matmul: splits = {splits}; it must be at least 1")
+    groups_per_split = triton.cdiv(groups, min(splits, groups))
+    return groups_per_split, triton.cdiv(groups, groups_per_split)
+
+
+def _sum_splits(part: torch.Tensor, out: torch.Tensor) -> None:
+    """out (M, N) = the sum of the fp32 partials part (splits, M, N)."""
+    splits, m, n = part.shape
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+        part, out, m * n, n, out.stride(0), SPLITS=splits, BLOCK=block
+    )
+
+
+def _forward_row(a, packed, scales, block_n, num_warps, splits):
+    """The one-row kernel (`_int4_row_kernel`), then the split-K sum."""
+    k, n = a.shape[1], packed.shape[0]
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"int4_matmul: block_n = {block_n} must be a power of two of at least 16")
+    out = _output((1, n), a, a.dtype)
+    groups_per_split, splits = _splits_of(k // GROUP, splits)
+    target = _output((splits, 1, n), a, torch.float32) if splits > 1 else out
+    words = packed.view(torch.int32)  # (N, K/8): eight 4-bit weights a word, k = 8c + i in nibble i
+    _int4_row_kernel[(triton.cdiv(n, block_n), splits)](
+        a, words, scales, target, n, k, words.stride(0), scales.stride(0), groups_per_split,
+        0x43000000, 0x45000000,  # the bits of the floats 128.0 and 2048.0
+        BLOCK_N=block_n, GROUP=GROUP, SPLIT=splits > 1, EXACT=a.dtype == torch.float32,
+        num_warps=num_warps, num_stages=1,  # the loads run ahead by hand: no software pipeline on top
+    )  # fmt: skip
+    if splits > 1:
+        _sum_splits(target, out)
     return out
 
 
@@ -237,8 +380,8 @@ def _(a, packed, scales):
 
 def int4_matmul(a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, **config) -> torch.Tensor:
     """a @ W^T for a (M, K) with M <= 16 and W given as `quantize_int4` returns it; (M, N) in a's dtype,
-    accumulated in fp32. `config` (splits, block_n, num_warps, num_stages) overrides the defaults. Inference
-    only."""
+    accumulated in fp32. `config` (splits, block_n, num_warps, num_stages, dot, row) overrides the defaults:
+    row=False sends one row to the many-row kernel. Inference only."""
     _check(a, packed, scales)
     if torch.compiler.is_compiling() and not config:
         return torch.ops.labkernels.ch07_int4_matmul(a, packed, scales)
