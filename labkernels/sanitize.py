@@ -654,7 +654,7 @@ def _ch07_int4():
 
     dtype = half()
     packed, scales = int4.quantize_int4(rand(45, 384, dtype=dtype))  # N: no whole tile; 3 groups of K
-    for m in (1, 7):  # fmas on the CUDA cores; tl.dot
+    for m in (1, 3, 7):  # the one-row kernel; fmas on the CUDA cores; tl.dot
         a = rand(m, 384, dtype=dtype)
         want = a.double() @ int4.dequantize_int4(packed, scales).double().t()
         for splits in (1, 3):  # one K slice; three and the in-order sum
@@ -688,7 +688,7 @@ NOT_OPS = {
     "tile_count", "leftover", "tail_block_n", "tile_coordinates", "planned", "check", "hold_registers",
     "check_sms", "gemv_splits", "gemv_design", "forward_hbm_bytes", "check_cache", "check_query",
     "num_splits", "traffic", "split_k", "pack_int4", "unpack_int4", "dequantize_int4", "inv_frequencies",
-    "validate_block_table", "gather", "paginate", "quantize_int4",
+    "validate_block_table", "gather", "paginate", "quantize_int4", "row_config",
 }  # fmt: skip
 
 # Benchmark harnesses: their functions time and tabulate ops, they are not ops; their kernels (a read stream

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import labkernels
+from labkernels.ch07_decode import bench, int4, paged, rope_append
 from labkernels.ch07_decode import decode_attention as dec
 from labkernels.ch07_decode import decode_step as ds
-from labkernels.ch07_decode import int4, paged, rope_append
 
 DEVICE = labkernels.DEVICE
 ON_GPU = labkernels.on_gpu()
@@ -563,3 +563,24 @@ def test_7_2_grades_the_block_table_bytes():
 
     rec = grade("7.2", bytes_without_the_block_table)
     assert rec["earned"] == 0, format_record(rec)  # every case has a block table: each one fails
+
+
+def test_int4_table_names_each_shape_and_judges_its_targets():
+    from labkernels.results import Table
+
+    def rows(m, k, n, ours, cublas, int4pack):
+        times = {"labkernels": ours, "cublas_bf16": cublas, "torch_int4pack": int4pack}
+        return [{"impl": i, "timing": "graph", "m": m, "k": k, "n": n, "ms": t} for i, t in times.items()]
+
+    table = Table(
+        rows(1, 4096, 14336, 0.015, 0.031, 0.016)  # 2.07x cuBLAS, 1.07x int4pack: both targets met
+        + rows(1, 4096, 4096, 0.008, 0.010, 0.006)  # 0.75x int4pack
+        + rows(16, 8192, 4096, 0.010, 0.009, 0.020)  # no cuBLAS target at this shape
+        + rows(16, 4096, 14336, 0.030, 0.030, 0.060)  # 1.0x cuBLAS where 2.0x is the target
+    )
+    got = {(r["m"], r["k_x_n"]): r for r in bench.int4_table(table).rows}
+    assert set(got) == {(1, "4096x14336"), (1, "4096x4096"), (16, "8192x4096"), (16, "4096x14336")}
+    assert got[(1, "4096x14336")]["x_cublas"] == 2.07 and got[(1, "4096x14336")]["target_met"]
+    assert not got[(1, "4096x4096")]["target_met"]
+    assert got[(16, "8192x4096")]["target_met"]
+    assert not got[(16, "4096x14336")]["target_met"]
