@@ -6,9 +6,13 @@ them as CSVs with labkernels.results into $OUT:
 - ch08_correctness.csv: each kernel, config and shape: the largest error against an fp32 reference, torch's
   own error beside it, NaNs left from the poisoned output, pass/fail, or the error that stopped it;
 - ch08_copy.csv: TMA copy by stage count against torch's copy, alternating rounds (GB/s = read + write);
-- ch08_gemm.csv: the warp-specialized GEMM configs against cuBLAS (torch.matmul), alternating rounds.
+- ch08_gemm.csv: the warp-specialized GEMM configs against cuBLAS (torch.matmul), alternating rounds;
+- ch08_attention.csv: the FA3-style forward against cuDNN's SDPA and chapter 06's flash_attention;
+- ch08_timeline.csv: program 0 of the GEMM at 4096^3, its clock at every wait, issue, release and epilogue;
+- ch08_fp8.csv: the FP8 (e4m3) GEMM against torch._scaled_mm at 4096^3 and 8192^3, alternating rounds.
 
-usage: python gpu_jobs/ch08_hopper.py check-copy | check-gemm CONFIG | bench-copy | bench-gemm | merge
+usage: python gpu_jobs/ch08_hopper.py check-copy | check-gemm CONFIG | check-attention | bench-copy |
+       bench-gemm | bench-attention | timeline | check-fp8 | bench-fp8 | merge
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 import labkernels  # noqa: F401  (picks the lane before triton is imported)
 from labkernels import timing
+from labkernels.ch08_hopper import attention as ch08_attention
 from labkernels.ch08_hopper import copy as ch08_copy
 from labkernels.ch08_hopper import gemm as ch08_gemm
 from labkernels.results import Table, record
@@ -172,6 +177,160 @@ def check_gemm(config: str) -> None:
                     return  # the CUDA context is gone: the rest of this process would only repeat it
 
 
+ATTENTION_CHECKS = [(1, 2, 128, 64), (2, 3, 384, 128), (1, 1, 1024, 128), (2, 4, 256, 64), (1, 2, 2048, 128)]
+# (B, H, S, D, causal): the issue's three targets
+ATTENTION_BENCH = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, False)]
+
+
+def _attention_reference(q, k, v, causal):
+    """fp32 O and logsumexp (natural log) of the same attention."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q.float() @ k.float().transpose(-1, -2) * scale
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v.float(), torch.logsumexp(s, dim=-1)
+
+
+def check_attention() -> None:
+    import torch.nn.functional as F
+
+    poisoned = check_poison()
+    for dtype in (torch.bfloat16, torch.float16):
+        for batch, heads, seq_len, head_dim in ATTENTION_CHECKS:
+            for causal, overlap in ((False, False), (True, False), (False, True), (True, True)):
+                shape = f"{batch}x{heads}x{seq_len}x{head_dim}"
+                config = ("causal" if causal else "full") + ("+overlap" if overlap else "")
+                name = dict(kernel="attention_fwd", config=config, shape=shape, dtype=str(dtype)[6:])
+                try:
+                    q, k, v = (
+                        torch.randn(batch, heads, seq_len, head_dim, device="cuda").to(dtype) for _ in "qkv"
+                    )
+                    ref, ref_lse = _attention_reference(q, k, v, causal)
+                    poison_next(q.numel(), dtype)
+                    o, lse = ch08_attention.attention_forward(q, k, v, causal=causal, overlap=overlap)
+                    torch.cuda.synchronize()
+                    err = float((o.float() - ref).abs().max())
+                    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    torch_err = float((theirs.float() - ref).abs().max())
+                    lse_err = float((lse - ref_lse).abs().max())
+                    nans = int(o.isnan().sum()) + int(lse.isnan().sum())
+                    ok = nans == 0 and err <= 2 * torch_err + 1e-6 and lse_err <= 1e-3
+                    emit(
+                        "correctness",
+                        **name,
+                        max_abs_err=err,
+                        torch_max_abs_err=torch_err,
+                        nan_count=nans,
+                        poisoned=poisoned,
+                        passed=ok,
+                        error="" if lse_err <= 1e-3 else f"lse err {lse_err:.2e}",
+                    )
+                except Exception as e:  # noqa: BLE001
+                    traceback.print_exc()
+                    emit("correctness", **name, max_abs_err="", torch_max_abs_err="", nan_count="",
+                         poisoned=poisoned, passed=False, error=short(e))  # fmt: skip
+                    if "illegal" in str(e).lower() or "launch failure" in str(e).lower():
+                        return
+
+
+def bench_attention() -> None:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from labkernels.ch06_attention.flash_attention import flash_attention
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    good = {r["config"] for r in read_rows("correctness") if r["kernel"] == "attention_fwd"}
+    bad = {
+        r["config"] for r in read_rows("correctness") if r["kernel"] == "attention_fwd" and not r["passed"]
+    }
+    for batch, heads, seq_len, head_dim, causal in ATTENTION_BENCH:
+        config = "causal" if causal else "full"
+        q, k, v = (
+            torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=torch.bfloat16) for _ in "qkv"
+        )
+        calls = {
+            "sdpa_cudnn": lambda q=q, k=k, v=v, c=causal: cudnn(q, k, v, c),
+            "ch06_flash_attention": lambda q=q, k=k, v=v, c=causal: flash_attention(q, k, v, causal=c),
+        }
+        for overlap, impl in ((False, "ch08_attention"), (True, "ch08_attention_overlap")):
+            if config + ("+overlap" if overlap else "") in good - bad:
+                calls[impl] = lambda q=q, k=k, v=v, c=causal, o=overlap: ch08_attention.attention_forward(
+                    q, k, v, causal=c, overlap=o
+                )
+        for fn in calls.values():
+            fn()  # compiles and tunes outside the timed region
+        flops = 4 * batch * heads * seq_len * seq_len * head_dim / (2 if causal else 1)
+        ms = timing.alternating_ms(calls, rounds=3, warmup=10, rep=40)
+        for impl, t in ms.items():
+            emit("attention", batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal,
+                 impl=impl, ms=t, tflops=flops / t / 1e9, ratio_vs_cudnn=ms["sdpa_cudnn"] / t,
+                 ratio_vs_ch06=ms["ch06_flash_attention"] / t, error="")  # fmt: skip
+
+
+def _fp8_operands(m, n, k):
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b_t = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    return a, b_t, torch.tensor([0.5], device="cuda"), torch.tensor([0.25], device="cuda")
+
+
+def _scaled_mm(a, b_t, scale_a, scale_b):
+    return torch._scaled_mm(a, b_t.T, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+
+
+def check_fp8() -> None:
+    poisoned = check_poison()
+    for m, n, k in [(1000, 776, 512), (128, 256, 128), (17, 8, 16), (4096, 4096, 4096), (3000, 5000, 1024)]:
+        name = dict(
+            kernel="gemm_fp8", config=ch08_gemm.FP8_DEFAULT, shape=f"{m}x{n}x{k}", dtype="float8_e4m3fn"
+        )
+        try:
+            a, b_t, sa, sb = _fp8_operands(m, n, k)
+            ref = (a.float() @ b_t.float().T) * 0.125
+            poison_next(m * n, torch.bfloat16)
+            c = ch08_gemm.gemm_fp8(a, b_t, sa, sb)
+            torch.cuda.synchronize()
+            err = float((c.float() - ref).abs().max())
+            torch_err = float((_scaled_mm(a, b_t, sa, sb).float() - ref).abs().max())
+            nans = int(c.isnan().sum())
+            emit("correctness", **name, max_abs_err=err, torch_max_abs_err=torch_err, nan_count=nans,
+                 poisoned=poisoned, passed=nans == 0 and err <= 2 * torch_err + 1e-6, error="")  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            emit("correctness", **name, max_abs_err="", torch_max_abs_err="", nan_count="", poisoned=poisoned,
+                 passed=False, error=short(e))  # fmt: skip
+            if "illegal" in str(e).lower() or "launch failure" in str(e).lower():
+                return
+
+
+def bench_fp8() -> None:
+    good = passed("gemm_fp8", ("4096x4096x4096", "1000x776x512"))
+    for m, n, k in [(4096, 4096, 4096), (8192, 8192, 8192)]:
+        a, b_t, sa, sb = _fp8_operands(m, n, k)
+        calls = {"torch_scaled_mm": lambda a=a, b_t=b_t, sa=sa, sb=sb: _scaled_mm(a, b_t, sa, sb)}
+        if ch08_gemm.FP8_DEFAULT in good:
+            calls["gemm_fp8"] = lambda a=a, b_t=b_t, sa=sa, sb=sb: ch08_gemm.gemm_fp8(a, b_t, sa, sb)
+        for fn in calls.values():
+            fn()
+        ms = timing.alternating_ms(calls, rounds=3, warmup=10, rep=40)
+        for impl, t in ms.items():
+            emit("fp8", m=m, n=n, k=k, impl=impl, ms=t, tflops=2 * m * n * k / t / 1e9,
+                 ratio_vs_scaled_mm=ms["torch_scaled_mm"] / t, error="")  # fmt: skip
+
+
+def timeline() -> None:
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    ch08_gemm.gemm(a, b)  # compiles the plain kernel; the timeline's own compile follows
+    ch08_gemm.gemm_timeline(a, b)
+    for r in ch08_gemm.gemm_timeline(a, b):  # the second run: nothing left to compile or load
+        emit("timeline", config=ch08_gemm.DEFAULT_CONFIG, shape="4096x4096x4096", **r)
+
+
 def passed(kernel: str, shapes: tuple[str, ...]) -> set[str]:
     """Configs of `kernel` that passed at every one of `shapes`: those are timed (an edge case that fails
     elsewhere stays in the correctness table, and the chapter says so)."""
@@ -257,7 +416,9 @@ def bench_gemm() -> None:
 
 
 def merge() -> None:
-    for table, name in (("correctness", "ch08_correctness"), ("copy", "ch08_copy"), ("gemm", "ch08_gemm")):
+    tables = [("correctness", "ch08_correctness"), ("copy", "ch08_copy"), ("gemm", "ch08_gemm")]
+    tables += [("attention", "ch08_attention"), ("timeline", "ch08_timeline"), ("fp8", "ch08_fp8")]
+    for table, name in tables:
         rows = read_rows(table)
         if rows:
             print(Table(rows))
@@ -271,4 +432,12 @@ if __name__ == "__main__":
     if step == "check-gemm":
         check_gemm(sys.argv[2])
     else:
-        {"check-copy": check_copy, "bench-copy": bench_copy, "bench-gemm": bench_gemm, "merge": merge}[step]()
+        steps = {"check-copy": check_copy, "bench-copy": bench_copy, "bench-gemm": bench_gemm, "merge": merge}
+        steps |= {
+            "check-attention": check_attention,
+            "bench-attention": bench_attention,
+            "timeline": timeline,
+            "check-fp8": check_fp8,
+            "bench-fp8": bench_fp8,
+        }
+        steps[step]()

@@ -347,6 +347,10 @@ def test_int4_one_row_refuses_what_it_cannot_run():
         int4.int4_matmul(_randn(1, 256, dtype=dtype), packed, scales, block_n=24)
     with pytest.raises(ValueError, match="at least 1"):
         int4.int4_matmul(_randn(1, 256, dtype=dtype), packed, scales, splits=0)
+    with pytest.raises(ValueError, match="no num_stages"):  # never a setting silently dropped
+        int4.int4_matmul(_randn(1, 256, dtype=dtype), packed, scales, num_stages=3)
+    got = int4.int4_matmul(_randn(1, 256, dtype=dtype), packed, scales, num_stages=3, row=False)
+    assert got.shape == (1, 8)
 
 
 def test_int4_both_paths_agree():
@@ -584,3 +588,41 @@ def test_int4_table_names_each_shape_and_judges_its_targets():
     assert not got[(1, "4096x4096")]["target_met"]
     assert got[(16, "8192x4096")]["target_met"]
     assert not got[(16, "4096x14336")]["target_met"]
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64])
+def test_paged_attention_at_each_block_size_matches_the_contiguous_cache(block_size):
+    dtype = DTYPES[0]
+    q, k, v = _attention_inputs(2, 4, 2, 1, 150, 64, dtype)
+    k_pool, v_pool, table = paged.paginate(k, v, block_size)
+    lens = torch.tensor([150, 150], dtype=torch.int32, device=DEVICE)
+    for splits in (1, 3):
+        got = paged.paged_decode_attention(q, k_pool, v_pool, table, lens, splits=splits)
+        torch.testing.assert_close(got, dec.decode_attention(q, k, v, splits=splits), atol=2e-3, rtol=2e-3)
+
+
+def test_flex_rows_report_a_failure_instead_of_a_time():
+    from labkernels.results import Table
+
+    def rows(batch, seq_len, flex_gbps, failed=""):
+        gbps = {"labkernels": 100.0, "sdpa_default": 90.0, "sdpa_flash": 50.0, "labkernels_paged": 98.0}
+        gbps["flex_attention"] = flex_gbps
+        return [
+            {"impl": i, "timing": "graph", "batch": batch, "seq_len": seq_len, "gbps": g,
+             "fraction_of_read": g / 200, "failed": failed if i == "flex_attention" else ""}
+            for i, g in gbps.items()
+        ]  # fmt: skip
+
+    table = Table(rows(1, 4096, 25.0) + rows(64, 32768, float("nan"), "BackendCompilerFailed: out of memory"))
+    got = {r["batch"]: r for r in bench.attention_table(table).rows}
+    assert got[1]["ours_over_flex"] == 4.0 and got[64]["ours_over_flex"] == "failed"
+
+
+def test_flex_gives_a_call_that_computes_attention_or_says_why():
+    dtype = torch.float32
+    q, k, v = _attention_inputs(1, 4, 2, 1, 37, 64, dtype)
+    call, why = bench.flex(q, k, v, compiled=False)
+    assert why is None
+    torch.testing.assert_close(call().double(), dec.reference(q, k, v), atol=1e-4, rtol=1e-4)
+    call, why = bench.flex(q, k[:, :, :, :32], v, compiled=False)  # mismatched head dims
+    assert call is None and why

@@ -5,6 +5,7 @@ with hand-worked cases."""
 import math
 
 import pytest
+import torch
 
 import labkernels  # noqa: F401  (first: it picks the lane)
 from labkernels.grading import format_record, grade
@@ -206,3 +207,81 @@ def test_copy_ring_by_hand():
     # 8 SMs: 12.2 tiles each -> 13 + 1 = 14 stages of 16392 bytes = 229488: fits one program, not two an SM
     assert _copy_reference(4000.0, 800.0, 64, 128, 2, 8, 1) == 14
     assert _copy_reference(4000.0, 800.0, 64, 128, 2, 4, 2) == 0
+
+
+# --- 8.4: a Gluon kernel, graded on a Hopper GPU only -------------------------------------------------------
+
+import triton  # noqa: E402  (after labkernels: it picks the lane)
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+TILE = 64
+
+
+@gluon.jit
+def _transpose_kernel(in_desc, out_desc, FLIP: gl.constexpr, num_warps: gl.constexpr):
+    rows: gl.constexpr = in_desc.block_type.shape[0]
+    cols: gl.constexpr = in_desc.block_type.shape[1]
+    row, col = gl.program_id(0) * rows, gl.program_id(1) * cols
+    tile = gl.allocate_shared_memory(in_desc.dtype, [rows, cols], in_desc.layout)
+    flipped = gl.allocate_shared_memory(out_desc.dtype, [cols, rows], out_desc.layout)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    mbarrier.expect(bar, in_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(in_desc, [row, col], bar, tile)
+    mbarrier.wait(bar, 0)
+    values = tile.load(gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0]))
+    if FLIP:
+        flipped.store(gl.permute(values, [1, 0]))
+    else:
+        flipped.store(values)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(out_desc, [col, row], flipped)
+    tma.store_wait(pendings=0)
+
+
+def _launch_transpose(x, out, flip):
+    dtypes = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+    layout = gl.NVMMASharedLayout.get_default_for([TILE, TILE], dtypes[x.dtype])
+    in_desc = TensorDescriptor.from_tensor(x, [TILE, TILE], layout)
+    out_desc = TensorDescriptor.from_tensor(out, [TILE, TILE], layout)
+    grid = (triton.cdiv(x.shape[0], TILE), triton.cdiv(x.shape[1], TILE))
+    _transpose_kernel[grid](in_desc, out_desc, flip, num_warps=4)
+
+
+def transpose(x, out):
+    """A learner's right answer: its own Gluon kernel and launcher."""
+    _launch_transpose(x, out, True)
+
+
+def transpose_forgetting_to_flip(x, out):
+    """Loads, stores at the swapped coordinates, but never permutes the tile."""
+    _launch_transpose(x, out, False)
+
+
+def test_a_gluon_exercise_off_hopper_is_skipped_and_costs_no_points():
+    from labkernels.ch08_hopper.device import hopper_problem
+
+    if labkernels.on_gpu() and hopper_problem(labkernels.DEVICE) is None:
+        pytest.skip("a Hopper GPU grades the kernel: test_the_transpose_is_graded_on_hopper")
+    rec = grade("8.4", transpose)
+    text = format_record(rec)
+    assert rec["possible"] == 0 and rec["earned"] == 0, text
+    assert [c["status"] for c in rec["cases"]] == ["skip"] * 4, text
+    assert "graded on a Hopper GPU only" in text and "(and 4 points graded on a Hopper GPU, not here)" in text
+    speed = grade("8.4", transpose, speed=True)
+    assert speed["possible"] == 0 and "2 points graded on a Hopper GPU" in format_record(speed)
+
+
+@pytest.mark.gpu
+def test_the_transpose_is_graded_on_hopper():
+    from labkernels.ch08_hopper.device import hopper_problem
+
+    if not labkernels.on_gpu() or hopper_problem(labkernels.DEVICE) is not None:
+        pytest.skip("Gluon kernels run on a Hopper GPU only")
+    right = grade("8.4", transpose)
+    assert right["earned"] == right["possible"] == 4, format_record(right)
+    wrong = grade("8.4", transpose_forgetting_to_flip)
+    assert wrong["earned"] == 0 and "is not x transposed" in format_record(wrong), format_record(wrong)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import labkernels
+from labkernels.ch08_hopper import attention as ch08_attention
 from labkernels.ch08_hopper import copy as ch08_copy
 from labkernels.ch08_hopper import gemm as ch08_gemm
 from labkernels.ch08_hopper import models
@@ -166,20 +167,19 @@ def _compile_case(case: str) -> dict:
     if kind == "copy":
         dtype, stages = COPY_CASES[int(name)]
         desc = descriptor(300, 1000, [64, 128], dtype)
-        args, constexprs, warps = {"in_desc": desc, "out_desc": desc}, {"STAGES": stages}, 1
-        kernel = ch08_copy._tma_copy_kernel
+        k = compile_for_hopper(
+            ch08_copy._tma_copy_kernel, {"in_desc": desc, "out_desc": desc}, {"STAGES": stages}, 1
+        )
+    elif kind == "attention":
+        head_dim, causal, overlap = int(name.split("/")[0]), "/causal" in name, name.endswith("+overlap")
+        k = ch08_attention.compile_sm90(head_dim, causal, overlap)
+    elif kind == "gemm_fp8":
+        k = ch08_gemm.compile_sm90(name, fp8=True)
     else:
-        cfg = ch08_gemm.CONFIGS[name]
-        args = {
-            "a_desc": descriptor(1000, 512, [cfg.block_m, cfg.block_k]),
-            "b_desc": descriptor(512, 776, [cfg.block_k, cfg.block_n]),
-            "c_desc": descriptor(1000, 776, [cfg.block_m, cfg.block_n]),
-        }
-        constexprs = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "num_warps": cfg.num_warps}
-        kernel, warps = ch08_gemm._gemm_ws_kernel, cfg.num_warps
-    k = compile_for_hopper(kernel, args, constexprs, warps)
+        k = ch08_gemm.compile_sm90(name.removesuffix("+timeline"), timeline=name.endswith("+timeline"))
     ptx = k.asm["ptx"]
-    found = {word: word in ptx for word in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg")}
+    words = ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg", "%clock64", "e4m3")
+    found = {word: word in ptx for word in words}
     return {"shared": k.metadata.shared, **found}
 
 
@@ -193,6 +193,8 @@ def compiled() -> dict:
     from pathlib import Path
 
     cases = [f"copy:{i}" for i in range(len(COPY_CASES))] + [f"gemm:{c}" for c in sorted(ch08_gemm.CONFIGS)]
+    cases += [f"attention:{case}" for case in ATTENTION_CASES] + [f"gemm:{ch08_gemm.DEFAULT_CONFIG}+timeline"]
+    cases += [f"gemm_fp8:{config}" for config in ch08_gemm.FP8_CONFIGS]
     here = Path(__file__).resolve().parent
     code = (
         "import json, sys; import test_ch08_hopper as t; "
@@ -220,6 +222,100 @@ def test_gemm_compiles_for_sm90_with_the_modelled_shared_memory(compiled, config
     k = compiled[f"gemm:{config}"]
     # The model counts tiles and barriers; the compiler adds a few bytes of its own (under 256).
     assert 0 <= k["shared"] - cfg.smem_bytes() < 256
+    assert k["shared"] <= models.SMEM_PER_BLOCK
+    assert k["wgmma.mma_async"] and k["cp.async.bulk.tensor"] and k["setmaxnreg"]
+
+
+def test_gemm_timeline_compiles_in_only_when_asked(compiled):
+    """The clock reads are constexpr-gated: the GEMM that runs for speed has none."""
+    with_timeline = compiled[f"gemm:{ch08_gemm.DEFAULT_CONFIG}+timeline"]
+    assert with_timeline["%clock64"] and with_timeline["wgmma.mma_async"]
+    assert not compiled[f"gemm:{ch08_gemm.DEFAULT_CONFIG}"]["%clock64"]
+
+
+@pytest.mark.parametrize("config", sorted(ch08_gemm.FP8_CONFIGS))
+def test_fp8_gemm_compiles_for_sm90_with_e4m3_wgmma_and_the_modelled_shared_memory(compiled, config):
+    cfg = ch08_gemm.FP8_CONFIGS[config]
+    k = compiled[f"gemm_fp8:{config}"]
+    model = models.gemm_smem_bytes(
+        cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, 1, 2
+    )  # fp8 in, bf16 out
+    assert 0 <= k["shared"] - model < 256 and k["shared"] <= models.SMEM_PER_BLOCK
+    assert k["wgmma.mma_async"] and k["e4m3"] and k["cp.async.bulk.tensor"] and k["setmaxnreg"]
+
+
+def _fp8_operands(m, n, k, device=None):
+    device = device or labkernels.DEVICE
+    a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+    b_t = torch.randn(n, k, device=device).to(torch.float8_e4m3fn)
+    scale_a = torch.tensor([0.5], device=device)
+    scale_b = torch.tensor([0.25], device=device)
+    return a, b_t, scale_a, scale_b
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        ("bf16 a", TypeError, "float8_e4m3fn"),
+        ("K differs", ValueError, "K differs"),
+        ("K = 24", ValueError, "multiple of 16"),
+        ("a scale of two elements", ValueError, "one-element float32"),
+        ("a float16 scale", ValueError, "one-element float32"),
+        ("an unknown config", ValueError, "config must be one of"),
+    ],
+)
+def test_fp8_gemm_refuses_bad_inputs(change, error, match):
+    a, b_t, scale_a, scale_b = _fp8_operands(64, 64, 64)
+    config = ch08_gemm.FP8_DEFAULT
+    if change == "bf16 a":
+        a = a.to(torch.bfloat16)
+    elif change == "K differs":
+        b_t = b_t[:, :32].contiguous()
+    elif change == "K = 24":
+        a, b_t = a[:, :24].contiguous(), b_t[:, :24].contiguous()
+    elif change == "a scale of two elements":
+        scale_a = torch.ones(2, device=scale_a.device)
+    elif change == "a float16 scale":
+        scale_b = scale_b.half()
+    elif change == "an unknown config":
+        config = "128x128x64_s4_w4"
+    with pytest.raises(error, match=match):
+        ch08_gemm.gemm_fp8(a, b_t, scale_a, scale_b, config=config)
+
+
+def test_fp8_gemm_off_hopper_names_the_fallback():
+    if ON_HOPPER:
+        pytest.skip("this GPU is a Hopper: the kernel runs")
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU.*_scaled_mm"):
+        ch08_gemm.gemm_fp8(*_fp8_operands(64, 64, 64))
+
+
+@pytest.mark.parametrize("shape", [(1000, 776, 512), (128, 256, 128), (17, 8, 16), (4096, 4096, 4096)])
+@pytest.mark.gpu
+@hopper
+def test_fp8_gemm_matches_scaled_mm(shape):
+    m, n, k = shape
+    a, b_t, scale_a, scale_b = _fp8_operands(m, n, k, "cuda")
+    expected = (a.double() @ b_t.double().T) * 0.125
+    _poison_next(m * n, torch.bfloat16)
+    ours = ch08_gemm.gemm_fp8(a, b_t, scale_a, scale_b)
+    assert ours.dtype == torch.bfloat16 and not ours.isnan().any()
+    theirs = torch._scaled_mm(a, b_t.T, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    ours_err, theirs_err = (ours.double() - expected).abs().max(), (theirs.double() - expected).abs().max()
+    assert ours_err <= 2 * theirs_err + 1e-6, f"error {ours_err} against torch._scaled_mm's {theirs_err}"
+
+
+ATTENTION_CASES = ["64/full", "128/full", "128/causal", "128/full+overlap", "128/causal+overlap"]
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_attention_compiles_for_sm90_with_the_modelled_shared_memory(compiled, case):
+    """Both designs (OVERLAP: the next S issued before the softmax) take the same shared memory."""
+    k = compiled[f"attention:{case}"]
+    head_dim = int(case.split("/")[0])
+    # Q, O and the K/V rings as modelled; the compiler adds its barriers' alignment and the warp
+    # specialization's own few hundred bytes.
+    assert 0 <= k["shared"] - ch08_attention.smem_bytes(head_dim) < 512
     assert k["shared"] <= models.SMEM_PER_BLOCK
     assert k["wgmma.mma_async"] and k["cp.async.bulk.tensor"] and k["setmaxnreg"]
 
@@ -318,6 +414,88 @@ def test_tma_copy_is_exact(dtype, stages, shape):
     assert torch.equal(ch08_copy.tma_copy(x, stages=stages), x)
 
 
+def _qkv(shape, dtype=torch.bfloat16, device=None):
+    return [torch.randn(shape, device=device or labkernels.DEVICE).to(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        ("float32", TypeError, "float16, bfloat16"),
+        ("3-D", ValueError, r"\(B, H, S, D\)"),
+        ("S = 200", ValueError, "multiple of 128.*ch06_attention"),
+        ("D = 96", ValueError, "head dim 96.*ch06_attention"),
+        ("k of another shape", ValueError, "one shape and dtype"),
+        ("transposed", ValueError, "contiguous"),
+    ],
+)
+def test_attention_refuses_bad_inputs(change, error, match):
+    q, k, v = _qkv((1, 2, 128, 64))
+    if change == "float32":
+        q, k, v = q.float(), k.float(), v.float()
+    elif change == "3-D":
+        q, k, v = q[0], k[0], v[0]
+    elif change == "S = 200":
+        q, k, v = _qkv((1, 2, 200, 64))
+    elif change == "D = 96":
+        q, k, v = _qkv((1, 2, 128, 96))
+    elif change == "k of another shape":
+        k = k[:, :1].contiguous()
+    elif change == "transposed":
+        q = q.transpose(2, 3).contiguous().transpose(2, 3)
+    with pytest.raises(error, match=match):
+        ch08_attention.attention_forward(q, k, v)
+
+
+def test_attention_off_hopper_names_the_fallback():
+    if ON_HOPPER:
+        pytest.skip("this GPU is a Hopper: the kernel runs")
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU.*ch06_attention"):
+        ch08_attention.attention_forward(*_qkv((1, 2, 128, 64)))
+
+
+def test_attention_shared_memory_by_hand():
+    # D = 128, bf16: Q and O 2 x 128 x 128 x 2 B, K and V rings 2 x 2 x 128 x 128 x 2 B, 9 barriers of 8 B
+    assert ch08_attention.smem_bytes(128) == 65536 + 131072 + 72
+    assert ch08_attention.smem_bytes(128) <= models.SMEM_PER_BLOCK
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 2, 128, 64), (2, 3, 384, 128), (1, 1, 1024, 128)])
+@pytest.mark.gpu
+@hopper
+def test_attention_forward_matches_float64(shape, dtype, causal, overlap):
+    q, k, v = _qkv(shape, dtype, "cuda")
+    expected = ch08_attention.reference(q, k, v, causal)
+    _poison_next(q.numel(), dtype)
+    o, lse = ch08_attention.attention_forward(q, k, v, causal=causal, overlap=overlap)
+    assert not o.isnan().any() and not lse.isnan().any()
+    theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    ours, torchs = (o.double() - expected).abs().max(), (theirs.double() - expected).abs().max()
+    assert ours <= 2 * torchs + 1e-6, f"error {ours} against torch's {torchs}"
+    s = q.double() @ k.double().mT / math.sqrt(shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@hopper
+def test_attention_opcheck_and_a_fullgraph_compile():
+    q, k, v = _qkv((1, 2, 256, 64), torch.bfloat16, "cuda")
+    torch.library.opcheck(torch.ops.labkernels.ch08_attention_forward.default, (q, k, v, True, 0.125, False))
+    compiled = torch.compile(lambda q, k, v: ch08_attention.attention_forward(q, k, v)[0] * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), ch08_attention.attention_forward(q, k, v)[0] * 2)
+
+
+def test_attention_refuses_inputs_that_require_grad():
+    q, k, v = _qkv((1, 2, 128, 64))
+    with pytest.raises(RuntimeError, match="require grad.*ch06_attention"):
+        ch08_attention.attention_forward(q.requires_grad_(), k, v)
+
+
 @pytest.mark.parametrize("config", sorted(ch08_gemm.CONFIGS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(1000, 776, 520), (128, 256, 64), (17, 8, 8)])
@@ -354,3 +532,90 @@ def test_gemm_of_empty_k_is_zero():
     a = torch.empty(5, 0, device="cuda", dtype=torch.bfloat16)
     b = torch.empty(0, 8, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(ch08_gemm.gemm(a, b), torch.zeros(5, 8, device="cuda", dtype=torch.bfloat16))
+
+
+# --- the timeline inside one program ------------------------------------------------------------------------
+
+
+def _fake_timeline(steps=4, stages=2, load_ns=100.0, mma_ns=60.0):
+    """Events of a ring where the consumer is slower than the loads: the producer runs ahead by the ring's
+    size, then waits for releases."""
+    rows, consumer_free = [], 0.0
+    arrive = {}
+    for i in range(steps):
+        issue = 0.0 if i < stages else rows_by(rows, "consumer_release", i - stages)
+        rows += [dict(event="producer_wait", index=i, ns=issue - 5 if i else 0.0),
+                 dict(event="producer_issue", index=i, ns=issue)]  # fmt: skip
+        arrive[i] = issue + load_ns
+        start = max(consumer_free, arrive[i])
+        rows += [dict(event="consumer_wait", index=i, ns=consumer_free),
+                 dict(event="consumer_mma", index=i, ns=start),
+                 dict(event="consumer_release", index=i, ns=start + mma_ns)]  # fmt: skip
+        consumer_free = start + mma_ns
+    rows += [dict(event="epilogue_start", index=0, ns=consumer_free),
+             dict(event="epilogue_end", index=0, ns=consumer_free + 30)]  # fmt: skip
+    return [r | {"cycle": int(r["ns"] * 2)} for r in rows]
+
+
+def rows_by(rows, event, index):
+    return next(r["ns"] for r in rows if r["event"] == event and r["index"] == index)
+
+
+def test_timeline_intervals_by_hand():
+    from labkernels.ch08_hopper import timeline
+
+    spans = timeline.intervals(_fake_timeline())
+    consumer = [(k, s, e) for lane, k, s, e in spans if lane == "consumer warpgroups"]
+    # step 0 waits the whole first load; step 1's bytes arrived while step 0 computed
+    assert consumer[0] == ("waits for data", 0.0, 100.0) and consumer[1] == ("MMA in flight", 100.0, 160.0)
+    assert consumer[2] == ("waits for data", 160.0, 160.0)
+    assert consumer[-1] == ("epilogue", consumer[-2][2], consumer[-2][2] + 30)
+    assert all(e >= s for _, _, s, e in spans)
+
+
+def test_timeline_shares_add_up_and_show_who_waits():
+    from labkernels.ch08_hopper import timeline
+
+    shares = timeline.shares(_fake_timeline(steps=8, load_ns=300.0, mma_ns=50.0))
+    for lane in shares.values():
+        assert sum(lane.values()) == pytest.approx(1.0)
+    assert shares["consumer warpgroups"]["waits for data"] > shares["consumer warpgroups"]["MMA in flight"]
+
+
+def test_timeline_picture_draws_every_kind_it_has(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkernels.ch08_hopper import timeline
+
+    fig, ax = plt.subplots(figsize=(8, 2.5))
+    timeline.plot_timeline(_fake_timeline(), ax, title="fake")
+    drawn = {text.get_text() for text in ax.get_legend().get_texts()}
+    assert drawn == set(timeline.KINDS)
+    assert len(ax.collections) >= 4  # one bar set per (lane, kind) with intervals
+    fig.savefig(tmp_path / "timeline.png")
+    plt.close(fig)
+
+
+@pytest.mark.gpu
+@hopper
+def test_gemm_timeline_records_every_step_of_program_0_in_order():
+    a = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    rows = ch08_gemm.gemm_timeline(a, b)
+    cfg = ch08_gemm.CONFIGS[ch08_gemm.DEFAULT_CONFIG]
+    tiles = -(-1024 // cfg.block_m) * -(-1024 // cfg.block_n)
+    programs = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
+    mine = len(range(0, tiles, programs))  # program 0's tiles
+    steps = mine * -(-512 // cfg.block_k)
+    got = {
+        e: sorted((r["index"], r["cycle"]) for r in rows if r["event"] == e) for e in ch08_gemm.EVENTS[:-1]
+    }
+    assert len(got["consumer_mma"]) == len(got["producer_issue"]) == steps
+    assert len(got["epilogue_end"]) == mine
+    cycles = [c for _, c in got["consumer_mma"]]
+    assert cycles == sorted(cycles) and cycles[0] >= 0
+    for (i, issued), (j, used) in zip(got["producer_issue"], got["consumer_mma"], strict=True):
+        assert i == j and used >= issued  # no step's MMA before its load was issued

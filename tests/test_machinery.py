@@ -682,3 +682,16 @@ def test_rotating_runs_each_call_in_turn_and_refuses_none():
     assert seen == [0, 1, 2, 0, 1, 2, 0]
     with pytest.raises(ValueError, match="at least one"):
         timing.rotating([])
+
+
+def test_host_launch_arithmetic_agrees_with_triton():
+    """labkernels.hostmath gives triton.cdiv's and next_power_of_2's answers without their JIT dispatch."""
+    import triton
+
+    from labkernels import hostmath
+
+    for x in [*range(0, 300), 2**31 - 1, 2**40 + 3]:
+        for y in (1, 2, 3, 7, 64, 128, 1000):
+            assert hostmath.cdiv(x, y) == triton.cdiv(x, y)
+    for n in [*range(0, 5000), 2**31 - 1, 2**31, 2**31 + 1]:
+        assert hostmath.next_power_of_2(n) == triton.next_power_of_2(n), n

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from labkernels.ch03_triton.vector_add import BF16_ON_CPU
+from labkernels.hostmath import cdiv, next_power_of_2
 from labkernels.lane import on_gpu, require_device
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -98,9 +99,9 @@ def launch_config(n_rows: int, n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps). On the GPU one row per program from 1024 columns up, with
     ~16 elements per thread (4096 columns: 8 warps); narrow rows are packed to ~2048 elements a program.
     The interpreter pays per program: big tiles."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     elements = 2048 if on_gpu() else 16384
-    block_m = max(1, min(elements // block_n, triton.next_power_of_2(n_rows)))
+    block_m = max(1, min(elements // block_n, next_power_of_2(n_rows)))
     num_warps = min(16, max(1, block_m * block_n // 512))
     return block_m, block_n, num_warps
 
@@ -149,7 +150,7 @@ def _forward(x, residual, weight, eps):
     vec = _vector_width(n_cols, x, residual, weight, y, h)
     block_m, block_n, warps = launch_config(n_rows, n_cols)
     int64 = n_rows * max(x.stride(0), residual.stride(0), n_cols) + block_m * n_cols >= 2**31
-    grid = (triton.cdiv(n_rows, block_m),)
+    grid = (cdiv(n_rows, block_m),)
     _rmsnorm_residual_kernel[grid](
         x, residual, weight, y, h, n_rows, n_cols // vec, x.stride(0) // vec, residual.stride(0) // vec,
         eps, BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, VEC=vec, INT64=int64, num_warps=warps,

@@ -21,6 +21,7 @@ import triton.language as tl
 from labkernels import timing
 from labkernels.ch07_decode import decode_attention as dec
 from labkernels.ch07_decode import int4, paged
+from labkernels.hostmath import cdiv
 from labkernels.lane import DEVICE, LANE
 from labkernels.results import Table
 from labkernels.sweep import sweep
@@ -43,7 +44,7 @@ READ_CONFIGS = [(4096, 16, 4), (8192, 8, 8), (16384, 4, 16)]  # (BLOCK, ITERS, n
 
 
 def _reader(x, block: int, iters: int, warps: int):
-    programs = triton.cdiv(x.numel(), block * iters)
+    programs = cdiv(x.numel(), block * iters)
     out = torch.empty(programs, device=x.device)
     return lambda: _read_kernel[(programs,)](x, out, x.numel(), BLOCK=block, ITERS=iters, num_warps=warps)
 
@@ -78,7 +79,7 @@ def random_pools(batch, seq_len, kv_heads, head_dim, block_size, dtype, generato
     """A paged cache of `batch` sequences of `seq_len` tokens with random contents, its blocks in a random
     order in the pool (drawn directly, not copied from a contiguous cache: at B = 64, L = 128k each cache is
     17 GB)."""
-    pages = triton.cdiv(seq_len, block_size)
+    pages = cdiv(seq_len, block_size)
     shape = (batch * pages, kv_heads, block_size, head_dim)
     k_pool = torch.randn(shape, device=DEVICE, dtype=dtype)
     v_pool = torch.randn(shape, device=DEVICE, dtype=dtype)
@@ -97,6 +98,36 @@ def sdpa(q, k, v, backend=None):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1)
 
 
+#: Shapes FlexAttention compiles for in one process: one per (B, L) of the sweep, past dynamo's default of 8.
+FLEX_RECOMPILE_LIMIT = 64
+
+
+def _every_key(b, h, q_idx, kv_idx):
+    return kv_idx >= 0  # no mask: every query sees every key
+
+
+def flex(q, k, v, *, compiled: bool = True):
+    """(call, None) for torch's FlexAttention over the same cache (no score modification, GQA through
+    enable_gqa; compiled, as its documentation asks), or (None, why) when it does not compile or run at this
+    shape. It gets a block mask of 128-key blocks that masks nothing: its decode kernel splits the cache by
+    mask blocks, and without a block mask the whole cache is one block, which one split reads alone."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    group = q.shape[1] // k.shape[1]
+    if compiled:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+        fn = torch.compile(flex_attention, dynamic=False)
+    else:
+        fn = flex_attention
+    try:
+        mask = create_block_mask(_every_key, None, None, q.shape[2], k.shape[2], device=q.device)
+        call = lambda: fn(q, k, v, block_mask=mask, enable_gqa=group > 1)  # noqa: E731
+        call()
+    except Exception as e:  # noqa: BLE001  (any failure is a result to report: the row says why)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+    return call, None
+
+
 def _alternating(calls: dict, rounds: int, graph: bool) -> dict[str, float]:
     samples = {name: [] for name in calls}
     for _ in range(rounds):
@@ -106,9 +137,19 @@ def _alternating(calls: dict, rounds: int, graph: bool) -> dict[str, float]:
 
 
 def attention_rows(
-    batch, seq_len, read_gbps, *, rounds=3, block_size=64, q_heads=32, kv_heads=8, head_dim=128
+    batch,
+    seq_len,
+    read_gbps,
+    *,
+    rounds=3,
+    block_size=64,
+    q_heads=32,
+    kv_heads=8,
+    head_dim=128,
+    with_flex=True,
 ):
-    """Ours (contiguous and paged) against SDPA's default and FLASH backends at one shape, both timings."""
+    """Ours (contiguous and paged) against SDPA's default and FLASH backends and compiled FlexAttention at one
+    shape, both timings. Where FlexAttention fails its row has NaN times and says why (`failed`)."""
     from torch.nn.attention import SDPBackend
 
     dtype = torch.bfloat16
@@ -122,16 +163,23 @@ def attention_rows(
             q, k_pool, v_pool, table, lens, validate=False
         ),
     }
+    flex_call, flex_failed = flex(q, k, v) if with_flex else (None, "not measured")
+    if flex_call is not None:
+        calls["flex_attention"] = flex_call
     moved = dec.traffic(batch, q_heads, kv_heads, 1, seq_len, head_dim, dtype).bytes
     rows = []
     for mode, graph in (("graph", True), ("plain", False)):
-        for name, ms in _alternating(calls, rounds, graph).items():
-            gbps = timing.gbps(moved, ms)
+        times = _alternating(calls, rounds, graph)
+        if flex_call is None:
+            times["flex_attention"] = float("nan")  # the row stays, with the reason beside it
+        for name, ms in times.items():
+            gbps = timing.gbps(moved, ms) if math.isfinite(ms) else float("nan")
             rows.append({
                 "op": "decode_attention", "impl": name, "timing": mode, "batch": batch, "seq_len": seq_len,
                 "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "block_size": block_size,
                 "splits": dec.num_splits(batch, kv_heads, seq_len), "nbytes": moved, "ms": ms, "gbps": gbps,
                 "fraction_of_read": gbps / read_gbps,
+                "failed": flex_failed if name == "flex_attention" and flex_failed else "",
             })  # fmt: skip
     return rows
 
@@ -298,9 +346,19 @@ def step_rows(batch: int, context: int, *, rounds: int = 3) -> list[dict]:
 # --- tables of the shipped results --------------------------------------------------------------------------
 
 
+def _over(ours_gbps: float, theirs: dict | None) -> float | str:
+    """ours / theirs, or why there is no ratio: FlexAttention's failure, or not measured."""
+    if theirs is None:
+        return "not measured"
+    if not math.isfinite(theirs["gbps"]):
+        return "failed" if theirs.get("failed") else "not measured"
+    return round(ours_gbps / theirs["gbps"], 2)
+
+
 def attention_table(table: Table, timing_mode: str = "graph") -> Table:
     """Per (B, L): ours and the best SDPA backend as fractions of the read roof, ours / best, the target (1.0
-    where the best is under 0.9 of the roof, else 0.95), ours / FLASH and paged / contiguous."""
+    where the best is under 0.9 of the roof, else 0.95), ours / FLASH, ours / compiled FlexAttention ("failed"
+    where it did not compile) and paged / contiguous."""
     rows = []
     for batch in table.unique("batch"):
         for seq_len in table.where(batch=batch).unique("seq_len"):
@@ -317,6 +375,7 @@ def attention_table(table: Table, timing_mode: str = "graph") -> Table:
                 "best_sdpa_of_read": round(best_fraction, 2), "ours_over_best": round(ours / best, 2),
                 "target": target, "met": ours / best >= target,
                 "ours_over_flash": round(ours / got["sdpa_flash"]["gbps"], 2),
+                "ours_over_flex": _over(ours, got.get("flex_attention")),
                 "paged_over_contiguous": round(got["labkernels_paged"]["gbps"] / ours, 2),
             })  # fmt: skip
     return Table(rows)

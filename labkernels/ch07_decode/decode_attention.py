@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from labkernels import traffic as traffic_mod
+from labkernels.hostmath import cdiv, next_power_of_2
 from labkernels.lane import LANE, on_gpu, require_device, sm_count
 
 GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -78,7 +79,7 @@ def num_splits(batch: int, kv_heads: int, max_len: int, sms: int | None = None) 
     pairs = batch * kv_heads
     # Rounded down: a last round of programs that fills only part of the GPU costs a whole round.
     wanted = PROGRAMS_PER_SM * sms // pairs
-    worth = triton.cdiv(max_len, MIN_SPLIT_KEYS)
+    worth = cdiv(max_len, MIN_SPLIT_KEYS)
     return max(1, min(wanted, worth, MAX_SPLITS))
 
 
@@ -254,12 +255,12 @@ def launch(
     batch, q_heads, n_tokens, head_dim = q.shape
     kv_heads = k.shape[1]
     group = q_heads // kv_heads
-    rows = max(16, triton.next_power_of_2(group * n_tokens))
+    rows = max(16, next_power_of_2(group * n_tokens))
     splits = num_splits(batch, kv_heads, max_len) if splits is None else splits
-    block_n = block_n or (BLOCK_N_WHOLE if splits == 1 else BLOCK_N)
-    keys_per_split = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
-    splits = max(1, triton.cdiv(max_len, keys_per_split))  # no split starts past the longest sequence
     paged = block_table is not None
+    block_n = block_n or (BLOCK_N_WHOLE if splits == 1 else BLOCK_N)
+    keys_per_split = cdiv(cdiv(max_len, splits), block_n) * block_n
+    splits = max(1, cdiv(max_len, keys_per_split))  # no split starts past the longest sequence
     gt = group * n_tokens
     if splits > 1:
         part_o = torch.empty(batch * kv_heads * splits * gt * head_dim, device=q.device, dtype=torch.float32)
@@ -284,7 +285,7 @@ def launch(
     if splits > 1:
         _combine_kernel[(batch * kv_heads * gt,)](
             part_o, part_ml, out, out.stride(0), out.stride(1), out.stride(2), kv_heads, splits,
-            GROUP=group, N_TOKENS=n_tokens, HEAD_DIM=head_dim, SPLITS=triton.next_power_of_2(splits),
+            GROUP=group, N_TOKENS=n_tokens, HEAD_DIM=head_dim, SPLITS=next_power_of_2(splits),
             num_warps=4,
         )  # fmt: skip
     return out

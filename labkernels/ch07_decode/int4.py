@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from labkernels import traffic as traffic_mod
+from labkernels.hostmath import cdiv, next_power_of_2
 from labkernels.lane import LANE, on_gpu, require_device, sm_count
 
 GROUP = 128
@@ -90,8 +91,8 @@ def split_k(m: int, n: int, k: int, block_n: int = BLOCK_N, sms: int | None = No
     """How many K ranges (whole groups each) the columns are cut into: one while the column tiles alone give
     PROGRAMS_PER_SM programs an SM, more until they do, at most one group a range."""
     sms = sm_count() if sms is None else sms
-    tiles = triton.cdiv(n, block_n)
-    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, tiles), k // GROUP))
+    tiles = cdiv(n, block_n)
+    return max(1, min(cdiv(PROGRAMS_PER_SM * sms, tiles), k // GROUP))
 
 
 def row_config(n: int, k: int, sms: int | None = None) -> dict:
@@ -99,7 +100,7 @@ def row_config(n: int, k: int, sms: int | None = None) -> dict:
     ROW_PROGRAMS_PER_SM programs an SM (fewer column tiles, more splits), each split whole groups."""
     sms = sm_count() if sms is None else sms
     block_n, warps = (128, 4) if n < ROW_WIDE_BELOW_N else (64, 2)
-    wanted = triton.cdiv(ROW_PROGRAMS_PER_SM * sms, triton.cdiv(n, block_n))
+    wanted = cdiv(ROW_PROGRAMS_PER_SM * sms, cdiv(n, block_n))
     return {"block_n": block_n, "num_warps": warps, "splits": _splits_of(k // GROUP, wanted)[1]}
 
 
@@ -300,6 +301,11 @@ def _forward(
     if row:
         if m != 1:
             raise ValueError(f"int4_matmul: row=True is the one-row kernel, and a has {m} rows")
+        if num_stages is not None:
+            raise ValueError(
+                "int4_matmul: the one-row kernel loads two groups ahead by hand and takes no num_stages; "
+                "pass row=False to run the many-row kernel with it"
+            )
         config = row_config(n, k) | {
             key: value for key, value in (("splits", splits), ("block_n", block_n), ("num_warps", num_warps))
             if value is not None
@@ -307,12 +313,12 @@ def _forward(
         return _forward_row(a, packed, scales, **config)
     block_n = block_n or BLOCK_N
     dot = m > FMA_MAX_M if dot is None else dot
-    block_m = 16 if dot else triton.next_power_of_2(m)  # tl.dot's minimum is 16 rows
+    block_m = 16 if dot else next_power_of_2(m)  # tl.dot's minimum is 16 rows
     out = _output((m, n), a, a.dtype)
     groups_per_split, splits = _splits_of(k // GROUP, split_k(m, n, k, block_n) if splits is None else splits)
     target = _output((splits, m, n), a, torch.float32) if splits > 1 else out
     words = packed.view(torch.int32)  # (N, K/8): eight 4-bit weights a word, k = 8c + i in nibble i
-    _int4_gemv_kernel[(triton.cdiv(n, block_n), splits)](
+    _int4_gemv_kernel[(cdiv(n, block_n), splits)](
         a, words, scales, target, m, n, k, a.stride(0), words.stride(0), scales.stride(0), out.stride(0),
         groups_per_split, BLOCK_M=block_m, BLOCK_N=block_n, GROUP=GROUP, SPLIT=splits > 1, DOT=dot,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
@@ -331,17 +337,15 @@ def _splits_of(groups: int, splits: int) -> tuple[int, int]:
     """(groups a split, splits): `splits` asked for, fewer if the groups do not fill the last ones."""
     if splits < 1:
         raise ValueError(f"int4_matmul: splits = {splits}; it must be at least 1")
-    groups_per_split = triton.cdiv(groups, min(splits, groups))
-    return groups_per_split, triton.cdiv(groups, groups_per_split)
+    groups_per_split = cdiv(groups, min(splits, groups))
+    return groups_per_split, cdiv(groups, groups_per_split)
 
 
 def _sum_splits(part: torch.Tensor, out: torch.Tensor) -> None:
     """out (M, N) = the sum of the fp32 partials part (splits, M, N)."""
     splits, m, n = part.shape
     block = 1024
-    _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-        part, out, m * n, n, out.stride(0), SPLITS=splits, BLOCK=block
-    )
+    _sum_splits_kernel[(cdiv(m * n, block),)](part, out, m * n, n, out.stride(0), SPLITS=splits, BLOCK=block)
 
 
 def _forward_row(a, packed, scales, block_n, num_warps, splits):
@@ -353,7 +357,7 @@ def _forward_row(a, packed, scales, block_n, num_warps, splits):
     groups_per_split, splits = _splits_of(k // GROUP, splits)
     target = _output((splits, 1, n), a, torch.float32) if splits > 1 else out
     words = packed.view(torch.int32)  # (N, K/8): eight 4-bit weights a word, k = 8c + i in nibble i
-    _int4_row_kernel[(triton.cdiv(n, block_n), splits)](
+    _int4_row_kernel[(cdiv(n, block_n), splits)](
         a, words, scales, target, n, k, words.stride(0), scales.stride(0), groups_per_split,
         0x43000000, 0x45000000,  # the bits of the floats 128.0 and 2048.0
         BLOCK_N=block_n, GROUP=GROUP, SPLIT=splits > 1, EXACT=a.dtype == torch.float32,

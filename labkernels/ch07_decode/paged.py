@@ -21,6 +21,7 @@ import triton.language as tl
 
 from labkernels import traffic as traffic_mod
 from labkernels.ch07_decode import decode_attention as dec
+from labkernels.hostmath import cdiv, next_power_of_2
 from labkernels.lane import require_device
 
 TABLE_DTYPE = torch.int32
@@ -52,7 +53,7 @@ def gather(k_pool, v_pool, block_table, seq_lens) -> tuple[torch.Tensor, torch.T
 def traffic(batch, q_heads, kv_heads, n_tokens, seq_len, head_dim, block_size, dtype=torch.bfloat16):
     """`decode_attention.traffic` plus the block table: one int32 per block of each sequence."""
     base = dec.traffic(batch, q_heads, kv_heads, n_tokens, seq_len, head_dim, dtype)
-    table = 4 * batch * triton.cdiv(seq_len, block_size)
+    table = 4 * batch * cdiv(seq_len, block_size)
     return traffic_mod.Traffic("paged_decode_attention", base.bytes + table, base.flops)
 
 
@@ -60,7 +61,7 @@ def paginate(k, v, block_size: int, *, spare_blocks: int = 0, generator=None):
     """(k_pool, v_pool, block_table) holding a contiguous (B, Hkv, L, D) cache in blocks of `block_size`
     tokens, the blocks in a random order in the pool (as after many sequences came and went)."""
     batch, kv_heads, length, head_dim = k.shape
-    pages = triton.cdiv(length, block_size)
+    pages = cdiv(length, block_size)
     num_blocks = batch * pages + spare_blocks
     order = torch.randperm(num_blocks, generator=generator)[: batch * pages].to(k.device)
     k_pool = k.new_zeros(num_blocks, kv_heads, block_size, head_dim)
@@ -193,7 +194,7 @@ def _append(k_pool, v_pool, block_table, positions, k_new, v_new) -> None:
         k_pool, v_pool, k_new, v_new, block_table, positions,
         *k_pool.stride()[:3], *k_new.stride()[:3], block_table.stride(0),
         kv_heads, block_table.shape[1], k_pool.shape[0],
-        N_TOKENS=n_tokens, HEADS=triton.next_power_of_2(kv_heads), HEAD_DIM=head_dim,
+        N_TOKENS=n_tokens, HEADS=next_power_of_2(kv_heads), HEAD_DIM=head_dim,
         PAGE_SIZE=k_pool.shape[2],
     )  # fmt: skip
 

@@ -1,7 +1,7 @@
 """Chapter 07 under the profiler: where a one-row 4-bit GEMV's time goes.
 
-bf16, M = 1, K = 4096, N = 14336 (the MLP's up-projection of a Llama-3-8B-sized layer): 29 MB of 4-bit
-weights, past the H200's 50 MB L2 once the bf16 copy is read too. Three ways to compute a @ W^T:
+bf16, M = 1, K = 4096, N = 14336 (the MLP's up-projection of a Llama-3-8B-sized layer), each kernel replayed
+by ncu from a flushed cache (its default), so the weights come from HBM. Three ways to compute a @ W^T:
 - labkernels: this chapter's `int4_matmul` (the one-row kernel and its split-K sum), summed over both;
 - torch_int4pack: torch's `_weight_int4pack_mm` (tinygemm) on the same 4-bit weights;
 - cublas_bf16: cuBLAS on the 16-bit weights, four times the bytes.

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from labkernels.ch07_decode import paged
+from labkernels.hostmath import next_power_of_2
 from labkernels.lane import require_device
 
 
@@ -112,8 +113,8 @@ def _forward(qkv, positions, inv_freq, k_pool, v_pool, block_table, q_heads):
     _rope_append_kernel[(batch,)](
         qkv, positions, inv_freq, q, k_pool, v_pool, block_table,
         qkv.stride(0), *k_pool.stride()[:3], block_table.stride(0), block_table.shape[1], k_pool.shape[0],
-        Q_HEADS=q_heads, KV_HEADS=kv_heads, HQ=triton.next_power_of_2(q_heads),
-        HKV=triton.next_power_of_2(kv_heads), HEAD_DIM=head_dim, PAGE_SIZE=k_pool.shape[2],
+        Q_HEADS=q_heads, KV_HEADS=kv_heads, HQ=next_power_of_2(q_heads),
+        HKV=next_power_of_2(kv_heads), HEAD_DIM=head_dim, PAGE_SIZE=k_pool.shape[2],
     )  # fmt: skip
     return q
 

@@ -8,7 +8,12 @@ import functools
 import torch
 from triton.experimental.gluon import language as gl
 
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+_GL_DTYPES = {
+    torch.float16: gl.float16,
+    torch.bfloat16: gl.bfloat16,
+    torch.float32: gl.float32,
+    torch.float8_e4m3fn: gl.float8e4nv,
+}
 
 
 def gl_dtype(dtype: torch.dtype):

@@ -56,10 +56,42 @@ CONFIGS = {
     "128x128x64_s4_w4": GemmConfig(128, 128, 64, stages=4, num_warps=4),
 }
 DEFAULT_CONFIG = "128x256x64_s3_w8"
+# FP8 (e4m3) operands, bf16 output: K tiles of 128 bytes as in 16 bits, and one byte a value.
+FP8_CONFIGS = {"128x256x128_s3_w8": GemmConfig(128, 256, 128, stages=3, num_warps=8)}
+FP8_DEFAULT = "128x256x128_s3_w8"
+FP8_FALLBACK = "torch._scaled_mm (cuBLAS's FP8 GEMM)"
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() @ b.float()).to(a.dtype)  # fp32 products and sums, rounded once: read MK + KN, write MN
+
+
+# The timeline (`gemm_timeline`): program 0 writes the SM's cycle counter at each of these events into row
+# EVENT of an int64 (EVENTS, TIMELINE_SLOTS) buffer, column = the load or K step (tiles, for the epilogue).
+EVENTS = ("producer_wait", "producer_issue", "consumer_wait", "consumer_mma", "consumer_release",
+          "epilogue_start", "epilogue_end", "clocks")  # fmt: skip
+TIMELINE_SLOTS = 512
+
+
+@gluon.jit
+def _clock():
+    """The SM's cycle counter (%clock64): one counter for every warp of the SM, so the partitions' events
+    line up."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _globaltimer():
+    """Nanoseconds (%globaltimer), to turn cycles into time: read with the clock at the start and the end."""
+    return gl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _mark(timeline_ptr, event: gl.constexpr, slot, pid, SLOTS: gl.constexpr):
+    """Program 0 writes the clock into (event, slot) of the timeline."""
+    gl.store(timeline_ptr + event * SLOTS + slot, _clock(), mask=(pid == 0) & (slot < SLOTS))
 
 
 @gluon.jit
@@ -73,31 +105,42 @@ def _grouped_tile(tile, num_m, num_n, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def _producer(
-    a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, pid, num_programs, GROUP_M: gl.constexpr
-):
-    """One warp: fills the ring with TMA loads, one A tile and one B tile per slot."""
+    a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, pid, num_programs, timeline_ptr,
+    GROUP_M: gl.constexpr, TIMELINE: gl.constexpr, SLOTS: gl.constexpr, B_KMAJOR: gl.constexpr,
+):  # fmt: skip
+    """One warp: fills the ring with TMA loads, one A tile and one B tile per slot. B_KMAJOR: B is given as
+    B^T (N, K) row-major, the layout fp8 wgmma needs (and torch._scaled_mm's column-major B)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     num_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
-    num_n = gl.cdiv(b_desc.shape[1], BLOCK_N)
+    num_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
     it = 0  # loads issued by this program so far, over all its tiles: the ring position
     for tile in range(pid, num_m * num_n, num_programs):
         pid_m, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
         for ks in range(k_steps):
             slot = it % STAGES
+            if TIMELINE:
+                _mark(timeline_ptr, 0, it, pid, SLOTS)
             # models.empty_parity: the first lap passes at once, later laps wait for the consumer's release
             mbarrier.wait(empty_bars.index(slot), ((it // STAGES) & 1) ^ 1)
+            if TIMELINE:
+                _mark(timeline_ptr, 1, it, pid, SLOTS)
             ready = ready_bars.index(slot)
             mbarrier.expect(ready, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(
                 a_desc, [pid_m * BLOCK_M, ks * BLOCK_K], ready, a_bufs.index(slot)
             )
-            tma.async_copy_global_to_shared(
-                b_desc, [ks * BLOCK_K, pid_n * BLOCK_N], ready, b_bufs.index(slot)
-            )
+            if B_KMAJOR:
+                tma.async_copy_global_to_shared(
+                    b_desc, [pid_n * BLOCK_N, ks * BLOCK_K], ready, b_bufs.index(slot)
+                )
+            else:
+                tma.async_copy_global_to_shared(
+                    b_desc, [ks * BLOCK_K, pid_n * BLOCK_N], ready, b_bufs.index(slot)
+                )
             it += 1
 
 
@@ -112,47 +155,85 @@ def _consumer(
     pid,
     num_programs,
     K,
+    timeline_ptr,
+    scale_a_ptr,
+    scale_b_ptr,
     GROUP_M: gl.constexpr,
+    TIMELINE: gl.constexpr,
+    SLOTS: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    SCALED: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """The kernel's warps: wgmma from the ring into fp32 registers, then the epilogue via shared memory."""
+    """The kernel's warps: wgmma from the ring into fp32 registers, then the epilogue via shared memory.
+    SCALED: the product is multiplied by the per-tensor scales *scale_a_ptr * *scale_b_ptr (fp8)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
+    INSTR_K: gl.constexpr = 256 // a_bufs.dtype.primitive_bitwidth  # 32 bytes of K an instruction
     # wgmma's accumulator layout: warps stacked along M (16 rows each), one instruction spanning BLOCK_N.
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, INSTR_K]
     )
+    scale = 1.0
+    if SCALED:
+        scale = gl.load(scale_a_ptr) * gl.load(scale_b_ptr)  # read 8 bytes
     num_m = gl.cdiv(c_desc.shape[0], BLOCK_M)
     num_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     it = 0
+    done = 0  # tiles finished by this program
+    if TIMELINE:
+        _mark(timeline_ptr, 7, 0, pid, SLOTS)  # cycles and nanoseconds at the start
+        gl.store(timeline_ptr + 7 * SLOTS + 1, _globaltimer(), mask=pid == 0)
     for tile in range(pid, num_m * num_n, num_programs):
         pid_m, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
         for ks in range(k_steps):
             slot = it % STAGES
+            if TIMELINE:
+                _mark(timeline_ptr, 2, it, pid, SLOTS)
             mbarrier.wait(ready_bars.index(slot), (it // STAGES) & 1)  # models.ready_parity
-            acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, is_async=True)
+            if TIMELINE:
+                _mark(timeline_ptr, 3, it, pid, SLOTS)
+            if B_KMAJOR:
+                b_tile = b_bufs.index(slot).permute((1, 0))  # the (BLOCK_K, BLOCK_N) view of a K-major tile
+            else:
+                b_tile = b_bufs.index(slot)
+            acc = warpgroup_mma(a_bufs.index(slot), b_tile, acc, is_async=True)
             # One MMA stays in flight; the one before it has finished reading its slot: release that slot.
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             mbarrier.arrive(empty_bars.index((it + STAGES - 1) % STAGES), pred=ks > 0)
+            if TIMELINE:
+                _mark(timeline_ptr, 4, it, pid, SLOTS)
             it += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty_bars.index((it + STAGES - 1) % STAGES))  # the tile's last slot
+        if TIMELINE:
+            _mark(timeline_ptr, 5, done, pid, SLOTS)
         # Epilogue: registers -> shared memory -> TMA store (clipped at the matrix edges). write BM x BN
         tma.store_wait(pendings=0)  # the previous tile's store has finished reading c_smem
+        if SCALED:
+            acc = acc * scale
         c_smem.store(acc.to(c_desc.dtype))
         fence_async_shared()  # order the generic-proxy store before the async-proxy TMA read of c_smem
         tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_smem)
+        if TIMELINE:
+            _mark(timeline_ptr, 6, done, pid, SLOTS)
+        done += 1
     tma.store_wait(pendings=0)
+    if TIMELINE:
+        _mark(timeline_ptr, 7, 2, pid, SLOTS)  # cycles and nanoseconds at the end
+        gl.store(timeline_ptr + 7 * SLOTS + 3, _globaltimer(), mask=pid == 0)
 
 
 @gluon.jit
 def _gemm_ws_kernel(
-    a_desc, b_desc, c_desc, STAGES: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr
-):
+    a_desc, b_desc, c_desc, timeline_ptr, scale_a_ptr, scale_b_ptr, STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr, TIMELINE: gl.constexpr, SLOTS: gl.constexpr, B_KMAJOR: gl.constexpr,
+    SCALED: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -178,11 +259,35 @@ def _gemm_ws_kernel(
                     pid,
                     num_programs,
                     a_desc.shape[1],
+                    timeline_ptr,
+                    scale_a_ptr,
+                    scale_b_ptr,
                     GROUP_M,
+                    TIMELINE,
+                    SLOTS,
+                    B_KMAJOR,
+                    SCALED,
                     num_warps,
                 ),
             ),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, pid, num_programs, GROUP_M)),
+            (
+                _producer,
+                (
+                    a_desc,
+                    b_desc,
+                    a_bufs,
+                    b_bufs,
+                    ready_bars,
+                    empty_bars,
+                    pid,
+                    num_programs,
+                    timeline_ptr,
+                    GROUP_M,
+                    TIMELINE,
+                    SLOTS,
+                    B_KMAJOR,
+                ),
+            ),  # fmt: skip
         ],
         [1],  # the producer's warps
         [24],  # and its registers per thread: it holds only scalars
@@ -218,27 +323,146 @@ def check_gemm(a: torch.Tensor, b: torch.Tensor, config: str = DEFAULT_CONFIG) -
     check_hopper("gemm", a, FALLBACK)
 
 
-def _gemm(a: torch.Tensor, b: torch.Tensor, config: str) -> torch.Tensor:
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(
+        t, block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype))
+    )
+
+
+def _launch(a_desc, b_desc, c_desc, cfg: GemmConfig, tiles: int, device, *, timeline=None, scales=None,
+            b_kmajor: bool = False) -> None:  # fmt: skip
+    """The persistent kernel over `tiles` output tiles: one program per SM, each looping over tiles."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    unused = c_desc.base  # a pointer the kernel never reads when its switch is off
+    scale_a, scale_b = scales if scales is not None else (unused, unused)
+    _gemm_ws_kernel[(min(sms, tiles),)](
+        a_desc, b_desc, c_desc, timeline if timeline is not None else unused, scale_a, scale_b, cfg.stages,
+        cfg.group_m, TIMELINE=timeline is not None, SLOTS=TIMELINE_SLOTS, B_KMAJOR=b_kmajor,
+        SCALED=scales is not None, num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+def _gemm(
+    a: torch.Tensor, b: torch.Tensor, config: str, timeline: torch.Tensor | None = None
+) -> torch.Tensor:
     check_gemm(a, b, config)
     cfg = CONFIGS[config]
     (m, k), n = a.shape, b.shape[1]
     if m == 0 or n == 0 or k == 0:
         return torch.zeros((m, n), dtype=a.dtype, device=a.device)  # an empty sum is zero
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    dtype = gl_dtype(a.dtype)
-    a_block, b_block, c_block = (
-        [cfg.block_m, cfg.block_k],
-        [cfg.block_k, cfg.block_n],
-        [cfg.block_m, cfg.block_n],
-    )
-    a_desc = TensorDescriptor.from_tensor(a, a_block, gl.NVMMASharedLayout.get_default_for(a_block, dtype))
-    b_desc = TensorDescriptor.from_tensor(b, b_block, gl.NVMMASharedLayout.get_default_for(b_block, dtype))
-    c_desc = TensorDescriptor.from_tensor(c, c_block, gl.NVMMASharedLayout.get_default_for(c_block, dtype))
+    a_desc = _descriptor(a, [cfg.block_m, cfg.block_k])
+    b_desc = _descriptor(b, [cfg.block_k, cfg.block_n])
+    c_desc = _descriptor(c, [cfg.block_m, cfg.block_n])
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    grid = (min(sms, tiles),)  # persistent: one program per SM, each looping over tiles
-    _gemm_ws_kernel[grid](a_desc, b_desc, c_desc, cfg.stages, cfg.group_m, num_warps=cfg.num_warps)
+    _launch(a_desc, b_desc, c_desc, cfg, tiles, a.device, timeline=timeline)
     return c
+
+
+def check_gemm_fp8(a, b_t, scale_a, scale_b, config: str = FP8_DEFAULT) -> None:
+    """Refuse what the FP8 kernel cannot take, naming the problem: operands, scales, then the GPU."""
+    for name, t in (("a", a), ("b_t", b_t)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm_fp8: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"gemm_fp8: {name} has dtype {t.dtype}; this kernel takes torch.float8_e4m3fn")
+        if t.dim() != 2 or not t.is_contiguous() or t.data_ptr() % 16:
+            raise ValueError(
+                f"gemm_fp8: {name} must be 2-D, contiguous and 16-byte aligned, got shape {tuple(t.shape)}, "
+                f"strides {t.stride()}"
+            )
+    if a.shape[1] != b_t.shape[1]:
+        raise ValueError(
+            f"gemm_fp8: a is (M, K) = {tuple(a.shape)} and b_t is (N, K) = {tuple(b_t.shape)}: K differs"
+        )
+    if a.shape[1] % 16 or b_t.shape[0] % 8:
+        raise ValueError(
+            f"gemm_fp8: K = {a.shape[1]} must be a multiple of 16 and N = {b_t.shape[0]} of 8 (TMA rows of "
+            "16 bytes, in fp8 and in the bf16 output)"
+        )
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
+            raise ValueError(f"gemm_fp8: {name} must be a one-element float32 tensor (a per-tensor scale)")
+        if t.device != a.device:
+            raise ValueError(f"gemm_fp8: {name} is on {t.device} but a is on {a.device}")
+    if b_t.device != a.device:
+        raise ValueError(f"gemm_fp8: a is on {a.device} but b_t is on {b_t.device}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (a, b_t, scale_a, scale_b)):
+        raise RuntimeError("gemm_fp8: inputs require grad; this FP8 GEMM is inference only")
+    if config not in FP8_CONFIGS:
+        raise ValueError(f"gemm_fp8: config must be one of {sorted(FP8_CONFIGS)}, got {config!r}")
+    check_hopper("gemm_fp8", a, FP8_FALLBACK)
+
+
+def gemm_fp8(
+    a: torch.Tensor,
+    b_t: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    *,
+    config: str = FP8_DEFAULT,
+) -> torch.Tensor:
+    """(a @ b_t^T) * scale_a * scale_b in bfloat16, for e4m3 a (M, K) and b_t (N, K) (B column-major, as
+    torch._scaled_mm takes it) with one-element fp32 scales; fp32 accumulation. Hopper only; no autograd."""
+    check_gemm_fp8(a, b_t, scale_a, scale_b, config)
+    cfg = FP8_CONFIGS[config]
+    (m, k), n = a.shape, b_t.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    a_desc = _descriptor(a, [cfg.block_m, cfg.block_k])
+    b_desc = _descriptor(b_t, [cfg.block_n, cfg.block_k])  # K-major: fp8 wgmma reads B this way only
+    c_desc = _descriptor(c, [cfg.block_m, cfg.block_n])
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    _launch(a_desc, b_desc, c_desc, cfg, tiles, a.device, scales=(scale_a, scale_b), b_kmajor=True)
+    return c
+
+
+def compile_sm90(
+    config: str = DEFAULT_CONFIG, *, timeline: bool = False, fp8: bool = False, shape=(1024, 1024, 1024)
+):
+    """The kernel of `config` (of FP8_CONFIGS with `fp8`) compiled for Hopper on any machine, a CPU included
+    (offline.compile_for_hopper: `.metadata.shared` is its shared memory, `.asm["ptx"]` its PTX); `timeline`
+    compiles the recording in."""
+    from labkernels.ch08_hopper.offline import compile_for_hopper, descriptor
+
+    cfg = (FP8_CONFIGS if fp8 else CONFIGS)[config]
+    m, n, k = shape
+    operands = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    args = {
+        "a_desc": descriptor(m, k, [cfg.block_m, cfg.block_k], operands),
+        "b_desc": descriptor(n, k, [cfg.block_n, cfg.block_k], operands)
+        if fp8
+        else descriptor(k, n, [cfg.block_k, cfg.block_n], operands),
+        "c_desc": descriptor(m, n, [cfg.block_m, cfg.block_n]),
+        "timeline_ptr": torch.empty(len(EVENTS), dtype=torch.int64),
+        "scale_a_ptr": torch.ones(1),
+        "scale_b_ptr": torch.ones(1),
+    }
+    constexprs = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "TIMELINE": timeline, "SLOTS": TIMELINE_SLOTS}
+    constexprs |= {"B_KMAJOR": fp8, "SCALED": fp8, "num_warps": cfg.num_warps}
+    return compile_for_hopper(_gemm_ws_kernel, args, constexprs, cfg.num_warps)
+
+
+def gemm_timeline(a: torch.Tensor, b: torch.Tensor, *, config: str = DEFAULT_CONFIG) -> list[dict]:
+    """Run the GEMM once with program 0 recording its clock at every wait, issue, release and epilogue
+    (EVENTS); rows (event, index, cycle, ns), cycles counted from the program's start, ns from the cycles
+    and the program's own nanosecond timer. Slots past TIMELINE_SLOTS are not recorded."""
+    check_gemm(a, b, config)
+    marks = torch.full((len(EVENTS), TIMELINE_SLOTS), -1, dtype=torch.int64, device=a.device)
+    _gemm(a, b, config, timeline=marks)
+    got = marks.cpu()
+    start, start_ns, end, end_ns = (int(got[-1, i]) for i in range(4))
+    ns_per_cycle = (end_ns - start_ns) / max(1, end - start)
+    rows = []
+    for event, name in enumerate(EVENTS[:-1]):
+        for index, cycle in enumerate(got[event].tolist()):
+            if cycle >= 0:
+                rows.append({"event": name, "index": index, "cycle": cycle - start,
+                             "ns": (cycle - start) * ns_per_cycle})  # fmt: skip
+    return rows
 
 
 @torch.library.custom_op(

@@ -46,6 +46,8 @@ def possible_points(ex, speed: bool, lane: str) -> float:
 def make_record(ex, speed: bool, outcome: dict, lane: str) -> dict:
     cases = outcome["cases"]
     possible = possible_points(ex, speed, lane)
+    if not speed:  # correctness points this machine cannot grade (Hopper-only cases) are not possible here
+        possible -= sum(c["points"] for c in cases if c["status"] == "skip" and not c.get("gpu_only", False))
     earned = min(sum(c["earned"] for c in cases if c["status"] == "pass"), possible)  # never above possible
     declared = sum(c["points"] for c in cases if c.get("gpu_only", False) == speed)
     error = outcome["error"]
@@ -93,7 +95,8 @@ def format_record(record: dict) -> str:
         lines.append(f"  STOPPED: {record['error']}")
     score = f"  Score: {record['earned']:g}/{record['possible']:g}"
     if not_graded:
-        score += f" (and {_points(not_graded)} graded on a GPU, not here)"
+        where = "a Hopper GPU" if any("Hopper" in c["reason"] for c in record["cases"]) else "a GPU"
+        score += f" (and {_points(not_graded)} graded on {where}, not here)"
     lines.append(score)
     return "\n".join(lines)
 

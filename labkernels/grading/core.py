@@ -96,24 +96,41 @@ class Grader:
         self._skipping = False
 
     # --- cases ------------------------------------------------------------------------------------------
+    def _cannot_grade_here(self, gpu_only: bool, hopper_only: bool) -> str | None:
+        """Why this machine cannot grade such a case, or None."""
+        if hopper_only and not self._on_hopper():
+            return "graded on a Hopper GPU only: Gluon kernels need one (no interpreter, no other GPU)"
+        if gpu_only and self.lane != "gpu":
+            return "graded on the GPU lane only: on the CPU lane there is no GPU to time"
+        return None
+
+    def _on_hopper(self) -> bool:
+        if self.lane != "gpu":
+            return False
+        from labkernels.ch08_hopper.device import hopper_problem
+
+        return hopper_problem(torch.device(DEVICE)) is None
+
     @contextlib.contextmanager
-    def case(self, name: str, points: float, gpu_only: bool = False):
+    def case(self, name: str, points: float, gpu_only: bool = False, hopper_only: bool = False):
         """One graded case; yields True when its body is graded. A correctness run skips gpu_only cases
-        and a speed run skips the others: a skipped body stops at its first grader call (`_Skip`)."""
+        and a speed run skips the others: a skipped body stops at its first grader call (`_Skip`).
+        hopper_only: a case about a Gluon kernel, graded on a Hopper GPU only; elsewhere it is skipped and
+        says why, and its points leave the possible total."""
         graded_in_this_run = gpu_only == self.speed
-        if graded_in_this_run and gpu_only and self.lane != "gpu":
-            reason = "graded on the GPU lane only: on the CPU lane there is no GPU to time"
+        why_not = self._cannot_grade_here(gpu_only, hopper_only)
+        if graded_in_this_run and why_not:
             self._record(
                 {
                     "case": name,
                     "points": points,
-                    "gpu_only": True,
+                    "gpu_only": gpu_only,
                     "status": "skip",
                     "earned": 0,
-                    "reason": reason,
+                    "reason": why_not,
                 }
             )
-        if not graded_in_this_run or (gpu_only and self.lane != "gpu"):
+        if not graded_in_this_run or why_not:
             self._skipping = True
             try:
                 yield False

@@ -1,9 +1,11 @@
 """Chapter 08 exercises: the waits of a persistent ring whose tiles differ in length, the shared memory of an
-FA3-style attention forward, and the ring a TMA copy needs to hide a latency (Little's law).
+FA3-style attention forward, the ring a TMA copy needs to hide a latency (Little's law), and a transpose
+through shared memory written in Gluon.
 
-All three are arithmetic of the chapter's models, graded on fresh random inputs in both lanes (Gluon kernels
-do not run under the interpreter). The chapter's models are off limits while an answer runs; the references
-here build on them or on the rules each exercise states.
+The first three are arithmetic of the chapter's models, graded on fresh random inputs in both lanes. The
+fourth is a kernel: Gluon kernels do not run under the interpreter, so it is graded on a Hopper GPU only, and
+elsewhere its cases say so and count neither way. The chapter's models are off limits while an answer
+runs; the references here build on them or on the rules each exercise states.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import torch
+
+from labkernels import traffic
 from labkernels.ch08_hopper import models
 from labkernels.grading.core import CaseFailed, exercise
 
@@ -371,3 +376,55 @@ def _grade_8_3(student, g):
                     _expect_value_error(g, student, args, _show_copy, "the rings do not fit in shared memory")
         args = _copy_case(g, fits=False)
         _expect_value_error(g, student, args, _show_copy, "the rings do not fit in shared memory")
+
+
+# --- 8.4 a transpose through shared memory, in Gluon (Hopper only) -----------------------------------------
+
+
+def _transpose_case(g, student, rows: int, cols: int, dtype) -> None:
+    x = g.randn(rows, cols, dtype=dtype)
+    out = g.guarded_empty((cols, rows), dtype)
+    student(x, out)
+    g.expect(torch.equal(out, x.t()), f"{rows} x {cols} {dtype}: out is not x transposed")
+
+
+def _aligned(g, low: int, high: int, step: int) -> int:
+    """A random multiple of `step` in [low, high] (TMA rows start on 16 bytes)."""
+    return step * g.randint(-(-low // step), high // step)
+
+
+@exercise(
+    "8.4", "A transpose through shared memory, in Gluon", points=4, speed_points=2, timeout_s=300,
+    requires="triton",
+)  # fmt: skip
+def _grade_8_4(student, g):
+    # student(x, out): out (C, R) = x (R, C) transposed; both 2-D, contiguous, rows 16-byte aligned.
+    with g.case("bfloat16, whole tiles", points=1, hopper_only=True):
+        _transpose_case(g, student, _aligned(g, 256, 2048, 128), _aligned(g, 256, 2048, 128), torch.bfloat16)
+    with g.case("float32, sizes that are not multiples of a tile", points=1, hopper_only=True):
+        _transpose_case(
+            g,
+            student,
+            _aligned(g, 100, 1000, 4),
+            _aligned(g, 100, 1000, 4),
+            torch.float32,
+        )
+    with g.case("float16, one tile or less", points=1, hopper_only=True):
+        _transpose_case(g, student, 8 * g.randint(1, 8), 8 * g.randint(1, 8), torch.float16)
+    with g.case("tall and skinny, both ways", points=1, hopper_only=True):
+        _transpose_case(g, student, 8 * g.randint(1000, 3000), 8, torch.bfloat16)
+        _transpose_case(g, student, 8, 8 * g.randint(1000, 3000), torch.bfloat16)
+    with g.case(
+        "bandwidth >= 60% of copy at 8192 x 8192 bfloat16", points=2, gpu_only=True, hopper_only=True
+    ):
+        x = g.randn(8192, 8192, dtype=torch.bfloat16)
+        out = g.guarded_empty((8192, 8192), torch.bfloat16)
+        student(x, out)
+        g.expect(torch.equal(out, x.t()), "8192 x 8192: out is not x transposed")
+        moved = traffic.Traffic("transpose", 2 * x.numel() * x.element_size(), 0)  # read n, write n
+        g.expect_bandwidth(
+            lambda: student(x, out),
+            moved,
+            fraction=0.6,
+            check=lambda x, out: g.expect(torch.equal(out, x.t()), "a timed call did not transpose x"),
+        )

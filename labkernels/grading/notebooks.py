@@ -704,7 +704,8 @@ def score_table(reports: list[dict]) -> str:
             note = rec["error"] or ""
             if not note:
                 fails = [c for c in rec["cases"] if c["status"] == "fail"]
-                note = fails[0]["reason"][:90] if fails else ""
+                skips = [c for c in rec["cases"] if c["status"] == "skip"]
+                note = fails[0]["reason"][:90] if fails else (skips[0]["reason"][:90] if skips else "")
             lines.append(
                 f"{name:<28} {rec['exercise']:<9} {part:<12} "
                 f"{rec['earned']:>4g}/{rec['possible']:<4g}  {note}"

@@ -1,0 +1,88 @@
+"""Inside one program of the warp-specialized GEMM: when the producer warp waited and issued, when the
+consumer warpgroups waited for data, computed and wrote their tiles.
+
+`gemm.gemm_timeline` records the SM's cycle counter at each event of program 0 (`gemm.EVENTS`) and turns
+cycles into nanoseconds with the program's own timer; the H200's record ships as ch08_timeline.csv. Here the
+events become intervals, one lane per partition, and a picture. Both lanes draw the shipped record; a Hopper
+GPU can draw its own beside it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+# What each interval means, and its colour in the picture.
+KINDS = {
+    "waits for a free slot": "#d9d9d9",  # producer: the ring is full, the consumer has not released
+    "issues TMA loads": "#1f77b4",
+    "waits for data": "#ff7f0e",  # consumer: the slot's bytes have not arrived
+    "MMA in flight": "#2ca02c",  # consumer: from issuing this step's wgmma to releasing the previous slot
+    "epilogue": "#9467bd",  # the tile's wait for its last MMA, then registers -> shared -> TMA store
+}
+LANES = ("producer warp", "consumer warpgroups")
+
+
+def _by_event(rows: list[dict]) -> dict[str, dict[int, float]]:
+    events: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        events[r["event"]][int(r["index"])] = float(r["ns"])
+    return events
+
+
+def intervals(rows: list[dict]) -> list[tuple[str, str, float, float]]:
+    """(lane, kind, start ns, end ns) for every load, K step and tile the rows record."""
+    e = _by_event(rows)
+    spans = []
+    for i, start in sorted(e["producer_wait"].items()):
+        issued = e["producer_issue"].get(i)
+        if issued is None:
+            continue
+        spans.append((LANES[0], "waits for a free slot", start, issued))
+        following = e["producer_wait"].get(i + 1)
+        if following is not None:
+            spans.append((LANES[0], "issues TMA loads", issued, following))
+    for i, start in sorted(e["consumer_wait"].items()):
+        arrived, released = e["consumer_mma"].get(i), e["consumer_release"].get(i)
+        if arrived is None or released is None:
+            continue
+        spans.append((LANES[1], "waits for data", start, arrived))
+        spans.append((LANES[1], "MMA in flight", arrived, released))
+    for t, start in sorted(e["epilogue_start"].items()):
+        end = e["epilogue_end"].get(t)
+        if end is not None:
+            spans.append((LANES[1], "epilogue", start, end))
+    return [s for s in spans if s[3] >= s[2]]
+
+
+def shares(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """lane -> kind -> the fraction of that lane's recorded time spent so."""
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for lane, kind, start, end in intervals(rows):
+        totals[lane][kind] += end - start
+    out = {}
+    for lane, kinds in totals.items():
+        whole = sum(kinds.values())
+        out[lane] = {kind: t / whole for kind, t in kinds.items()} if whole > 0 else {}
+    return out
+
+
+def plot_timeline(rows: list[dict], ax, *, window_us: float | None = None, title: str = "") -> None:
+    """One row of bars per lane, x in µs from the program's start; `window_us` shows only the start."""
+    from matplotlib.patches import Patch
+
+    spans = intervals(rows)
+    for y, lane in enumerate(LANES):
+        for kind, colour in KINDS.items():
+            bars = [(s / 1e3, (e - s) / 1e3) for ln, k, s, e in spans if ln == lane and k == kind]
+            if bars:
+                ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colour, linewidth=0)
+    ax.set_yticks(range(len(LANES)), LANES)
+    ax.set_ylim(-0.6, len(LANES) - 0.4)
+    ax.set_xlabel("µs from the program's start")
+    if window_us is not None:
+        ax.set_xlim(0, window_us)
+    # beside the lanes, never over them or over the axis label
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items()], loc="center left",
+              bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")  # fmt: skip
+    if title:
+        ax.set_title(title)
