@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 import labkernels  # noqa: F401  (picks the lane before triton is imported)
 from labkernels import timing
@@ -279,6 +280,12 @@ def _fp8_operands(m, n, k):
 
 
 def _scaled_mm(a, b_t, scale_a, scale_b):
+    """torch._scaled_mm, which takes only multiples of 16: others are padded with zeros (which add nothing
+    to any product) and the result cut back."""
+    (m, k), n = a.shape, b_t.shape[0]
+    if m % 16 or n % 16 or k % 16:
+        pad = lambda t, rows: F.pad(t.view(torch.uint8), (0, -k % 16, 0, -rows % 16)).view(t.dtype)  # noqa: E731
+        return _scaled_mm(pad(a, m), pad(b_t, n), scale_a, scale_b)[:m, :n]
     return torch._scaled_mm(a, b_t.T, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
 
 
