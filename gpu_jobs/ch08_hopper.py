@@ -9,7 +9,8 @@ them as CSVs with labkernels.results into $OUT:
 - ch08_gemm.csv: the warp-specialized GEMM configs against cuBLAS (torch.matmul), alternating rounds;
 - ch08_attention.csv: the FA3-style forward against cuDNN's SDPA and chapter 06's flash_attention;
 - ch08_timeline.csv: program 0 of the GEMM at 4096^3, its clock at every wait, issue, release and epilogue;
-- ch08_fp8.csv: the FP8 (e4m3) GEMM against torch._scaled_mm at 4096^3 and 8192^3, alternating rounds.
+- ch08_fp8.csv: the FP8 (e4m3) GEMM against torch._scaled_mm (default, and use_fast_accum),
+  at 4096^3 and 8192^3, alternating rounds, with each one's largest error against fp64.
 
 usage: python gpu_jobs/ch08_hopper.py check-copy | check-gemm CONFIG | check-attention | bench-copy |
        bench-gemm | bench-attention | timeline | check-fp8 | bench-fp8 | merge
@@ -279,14 +280,15 @@ def _fp8_operands(m, n, k):
     return a, b_t, torch.tensor([0.5], device="cuda"), torch.tensor([0.25], device="cuda")
 
 
-def _scaled_mm(a, b_t, scale_a, scale_b):
+def _scaled_mm(a, b_t, scale_a, scale_b, fast_accum=False):
     """torch._scaled_mm, which takes only multiples of 16: others are padded with zeros (which add nothing
     to any product) and the result cut back."""
     (m, k), n = a.shape, b_t.shape[0]
     if m % 16 or n % 16 or k % 16:
         pad = lambda t, rows: F.pad(t.view(torch.uint8), (0, -k % 16, 0, -rows % 16)).view(t.dtype)  # noqa: E731
-        return _scaled_mm(pad(a, m), pad(b_t, n), scale_a, scale_b)[:m, :n]
-    return torch._scaled_mm(a, b_t.T, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+        return _scaled_mm(pad(a, m), pad(b_t, n), scale_a, scale_b, fast_accum)[:m, :n]
+    return torch._scaled_mm(a, b_t.T, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16,
+                            use_fast_accum=fast_accum)  # fmt: skip
 
 
 def check_fp8() -> None:
@@ -318,15 +320,27 @@ def bench_fp8() -> None:
     good = passed("gemm_fp8", ("4096x4096x4096", "1000x776x512"))
     for m, n, k in [(4096, 4096, 4096), (8192, 8192, 8192)]:
         a, b_t, sa, sb = _fp8_operands(m, n, k)
-        calls = {"torch_scaled_mm": lambda a=a, b_t=b_t, sa=sa, sb=sb: _scaled_mm(a, b_t, sa, sb)}
+        # torch's default promotes the FP8 accumulator's partial sums to fp32 every so often; use_fast_accum
+        # keeps them in it for all of K, as our wgmma loop does: faster, and less exact at large K
+        calls = {
+            "torch_scaled_mm": lambda a=a, b_t=b_t, sa=sa, sb=sb: _scaled_mm(a, b_t, sa, sb),
+            "torch_scaled_mm_fast_accum": lambda a=a, b_t=b_t, sa=sa, sb=sb: _scaled_mm(a, b_t, sa, sb, True),
+        }
         if ch08_gemm.FP8_DEFAULT in good:
             calls["gemm_fp8"] = lambda a=a, b_t=b_t, sa=sa, sb=sb: ch08_gemm.gemm_fp8(a, b_t, sa, sb)
-        for fn in calls.values():
-            fn()
+        exact = (a.double() @ b_t.double().T) * 0.125
+        errs = {impl: float((fn().double() - exact).abs().max()) for impl, fn in calls.items()}
+        del exact
         ms = timing.alternating_ms(calls, rounds=3, warmup=10, rep=40)
+        # graph replays take the host out: a Python launch that builds three descriptors can outlast 0.1 ms
+        graph = {impl: timing.graph_ms(fn, rep=40) for impl, fn in calls.items()}
         for impl, t in ms.items():
             emit("fp8", m=m, n=n, k=k, impl=impl, ms=t, tflops=2 * m * n * k / t / 1e9,
-                 ratio_vs_scaled_mm=ms["torch_scaled_mm"] / t, error="")  # fmt: skip
+                 ratio_vs_scaled_mm=ms["torch_scaled_mm"] / t,
+                 ratio_vs_fast_accum=ms["torch_scaled_mm_fast_accum"] / t, max_abs_err=errs[impl],
+                 ms_graph=graph[impl],
+                 graph_ratio_vs_fast_accum=graph["torch_scaled_mm_fast_accum"] / graph[impl],
+                 error="")  # fmt: skip
 
 
 def timeline() -> None:

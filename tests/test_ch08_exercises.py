@@ -285,3 +285,20 @@ def test_the_transpose_is_graded_on_hopper():
     assert right["earned"] == right["possible"] == 4, format_record(right)
     wrong = grade("8.4", transpose_forgetting_to_flip)
     assert wrong["earned"] == 0 and "is not x transposed" in format_record(wrong), format_record(wrong)
+
+
+def test_a_gluon_answer_ships_with_the_names_its_decorators_and_annotations_use(tmp_path):
+    """`@gluon.jit` and `FLIP: gl.constexpr` are evaluated when the shipped module defines the kernel: the
+    bundle must import them even where the body never names them (on the H200 it once did not: NameError)."""
+    import importlib.util
+
+    from labkernels.grading import sandbox
+
+    source = sandbox.bundle(transpose)["source"]
+    assert "import triton.experimental.gluon as gluon" in source
+    path = tmp_path / "submission.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("submission", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines the kernel: every decorator's name resolves
+    assert callable(module.transpose) and hasattr(module._transpose_kernel, "fn")

@@ -355,6 +355,21 @@ def test_every_shipped_reference_table_loads_and_round_trips(tmp_path):
             assert all(_same(got[c], want[c]) for c in want), path
 
 
+def test_every_shipped_reference_sidecar_matches_its_table():
+    """A sidecar whose digest is stale is ignored, and its table loads untyped: `passed` reads "True", not
+    True, and a cell testing `is True` counts nothing. Re-record a shipped table with its sidecar."""
+    import hashlib
+    import json
+
+    from labkernels.results import REFERENCE_DIR, types_path
+
+    for path in sorted(REFERENCE_DIR.glob("*.csv")):
+        sidecar = types_path(path)
+        if sidecar.exists():
+            digest = json.loads(sidecar.read_text())["sha256"]
+            assert digest == hashlib.sha256(path.read_bytes()).hexdigest(), f"{sidecar.name} is stale"
+
+
 def test_leading_zero_or_overflowing_numbers_stay_text(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("device,git,code,x\nH200,0123456,007,1\nH200,1234567,12,2\n")

@@ -9,6 +9,7 @@ and plain constants, written to a file and imported there (Triton's JIT reads ke
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import textwrap
@@ -32,6 +33,19 @@ def _code_names(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):
             names |= _code_names(const)
     return names
+
+
+def _signature_names(source: str) -> set[str]:
+    """Names a `def` uses outside its body: its decorators (`@gluon.jit`) and annotations (`x: gl.constexpr`).
+    The body's names are in its code object; these are evaluated once, when the module defines it."""
+    node = ast.parse(source).body[0]
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return set()
+    args = node.args
+    parts = [*node.decorator_list, node.returns]
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+    parts += [a.annotation for a in every if a is not None]
+    return {n.id for part in parts if part is not None for n in ast.walk(part) if isinstance(n, ast.Name)}
 
 
 def _is_plain(value) -> bool:
@@ -66,7 +80,7 @@ class _Collector:
         except (OSError, TypeError) as e:
             raise TypeError(f"cannot read the source of {name!r}: {e}") from None
         self.functions[name] = source
-        for ref in sorted(_code_names(fn.__code__)):
+        for ref in sorted(_code_names(fn.__code__) | _signature_names(source)):
             # co_names holds attribute names too: `type(x).__name__` names the module's `__name__`, which
             # must not ship (the answer's module is "submission", the name its kernels are known by).
             if ref in fn.__globals__ and not (ref.startswith("__") and ref.endswith("__")):
