@@ -9,11 +9,12 @@ them as CSVs with labkernels.results into $OUT:
 - ch08_gemm.csv: the warp-specialized GEMM configs against cuBLAS (torch.matmul), alternating rounds;
 - ch08_attention.csv: the FA3-style forward against cuDNN's SDPA and chapter 06's flash_attention;
 - ch08_timeline.csv: program 0 of the GEMM at 4096^3, its clock at every wait, issue, release and epilogue;
+- ch08_attention_timeline.csv: program (0, 0) of the attention forward, B4 H16 S4096 D128, full and causal;
 - ch08_fp8.csv: the FP8 (e4m3) GEMM against torch._scaled_mm (default, and use_fast_accum),
   at 4096^3 and 8192^3, alternating rounds, with each one's largest error against fp64.
 
 usage: python gpu_jobs/ch08_hopper.py check-copy | check-gemm CONFIG | check-attention | bench-copy |
-       bench-gemm | bench-attention | timeline | check-fp8 | bench-fp8 | merge
+       bench-gemm | bench-attention | timeline | attention-timeline | check-fp8 | bench-fp8 | merge
 """
 
 from __future__ import annotations
@@ -184,6 +185,18 @@ ATTENTION_CHECKS = [(1, 2, 128, 64), (2, 3, 384, 128), (1, 1, 1024, 128), (2, 4,
 ATTENTION_BENCH = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, False)]
 
 
+# (causal, overlap, stages): the plain design, the overlapped one, and the overlapped one with a third K/V
+# stage (O through Q's buffer)
+ATTENTION_DESIGNS = [(c, o, s) for c in (False, True) for o, s in ((False, 2), (True, 2), (True, 3))]
+ATTENTION_IMPLS = {(False, 2): "ch08_attention", (True, 2): "ch08_attention_overlap",
+                   (True, 3): "ch08_attention_overlap_3stages"}  # fmt: skip
+
+
+def _attention_config(causal: bool, overlap: bool, stages: int) -> str:
+    mask = "causal" if causal else "full"
+    return mask + ("+overlap" if overlap else "") + ("+3stages" if stages == 3 else "")
+
+
 def _attention_reference(q, k, v, causal):
     """fp32 O and logsumexp (natural log) of the same attention."""
     scale = 1 / math.sqrt(q.shape[-1])
@@ -200,9 +213,9 @@ def check_attention() -> None:
     poisoned = check_poison()
     for dtype in (torch.bfloat16, torch.float16):
         for batch, heads, seq_len, head_dim in ATTENTION_CHECKS:
-            for causal, overlap in ((False, False), (True, False), (False, True), (True, True)):
+            for causal, overlap, stages in ATTENTION_DESIGNS:
                 shape = f"{batch}x{heads}x{seq_len}x{head_dim}"
-                config = ("causal" if causal else "full") + ("+overlap" if overlap else "")
+                config = _attention_config(causal, overlap, stages)
                 name = dict(kernel="attention_fwd", config=config, shape=shape, dtype=str(dtype)[6:])
                 try:
                     q, k, v = (
@@ -210,7 +223,9 @@ def check_attention() -> None:
                     )
                     ref, ref_lse = _attention_reference(q, k, v, causal)
                     poison_next(q.numel(), dtype)
-                    o, lse = ch08_attention.attention_forward(q, k, v, causal=causal, overlap=overlap)
+                    o, lse = ch08_attention.attention_forward(
+                        q, k, v, causal=causal, overlap=overlap, stages=stages
+                    )
                     torch.cuda.synchronize()
                     err = float((o.float() - ref).abs().max())
                     theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -251,7 +266,6 @@ def bench_attention() -> None:
         r["config"] for r in read_rows("correctness") if r["kernel"] == "attention_fwd" and not r["passed"]
     }
     for batch, heads, seq_len, head_dim, causal in ATTENTION_BENCH:
-        config = "causal" if causal else "full"
         q, k, v = (
             torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=torch.bfloat16) for _ in "qkv"
         )
@@ -259,19 +273,21 @@ def bench_attention() -> None:
             "sdpa_cudnn": lambda q=q, k=k, v=v, c=causal: cudnn(q, k, v, c),
             "ch06_flash_attention": lambda q=q, k=k, v=v, c=causal: flash_attention(q, k, v, causal=c),
         }
-        for overlap, impl in ((False, "ch08_attention"), (True, "ch08_attention_overlap")):
-            if config + ("+overlap" if overlap else "") in good - bad:
-                calls[impl] = lambda q=q, k=k, v=v, c=causal, o=overlap: ch08_attention.attention_forward(
-                    q, k, v, causal=c, overlap=o
+        for (overlap, stages), impl in ATTENTION_IMPLS.items():
+            if _attention_config(causal, overlap, stages) in good - bad:
+                calls[impl] = lambda q=q, k=k, v=v, c=causal, o=overlap, s=stages: (
+                    ch08_attention.attention_forward(q, k, v, causal=c, overlap=o, stages=s)
                 )
         for fn in calls.values():
             fn()  # compiles and tunes outside the timed region
         flops = 4 * batch * heads * seq_len * seq_len * head_dim / (2 if causal else 1)
         ms = timing.alternating_ms(calls, rounds=3, warmup=10, rep=40)
+        graph = {impl: timing.graph_ms(fn, rep=40) for impl, fn in calls.items()}  # the host taken out
         for impl, t in ms.items():
             emit("attention", batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal,
                  impl=impl, ms=t, tflops=flops / t / 1e9, ratio_vs_cudnn=ms["sdpa_cudnn"] / t,
-                 ratio_vs_ch06=ms["ch06_flash_attention"] / t, error="")  # fmt: skip
+                 ratio_vs_ch06=ms["ch06_flash_attention"] / t, ms_graph=graph[impl],
+                 graph_ratio_vs_cudnn=graph["sdpa_cudnn"] / graph[impl], error="")  # fmt: skip
 
 
 def _fp8_operands(m, n, k):
@@ -354,6 +370,15 @@ def timeline() -> None:
     ch08_gemm.gemm_timeline(a, b)
     for r in ch08_gemm.gemm_timeline(a, b):  # the second run: nothing left to compile or load
         emit("timeline", config=ch08_gemm.DEFAULT_CONFIG, shape="4096x4096x4096", **r)
+
+
+def attention_timeline() -> None:
+    """Program (0, 0) of the overlapped forward at the issue's B4 H16 S4096 D128, full and causal."""
+    for causal in (False, True):
+        q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+        ch08_attention.attention_timeline(q, k, v, causal=causal)  # compiles; the second run is recorded
+        for r in ch08_attention.attention_timeline(q, k, v, causal=causal):
+            emit("attention_timeline", shape="4x16x4096x128", causal=causal, **r)
 
 
 def passed(kernel: str, shapes: tuple[str, ...]) -> set[str]:
@@ -443,6 +468,7 @@ def bench_gemm() -> None:
 def merge() -> None:
     tables = [("correctness", "ch08_correctness"), ("copy", "ch08_copy"), ("gemm", "ch08_gemm")]
     tables += [("attention", "ch08_attention"), ("timeline", "ch08_timeline"), ("fp8", "ch08_fp8")]
+    tables += [("attention_timeline", "ch08_attention_timeline")]
     for table, name in tables:
         rows = read_rows(table)
         if rows:
@@ -452,17 +478,19 @@ def merge() -> None:
             print(f"no rows for {table}")
 
 
+STEPS = {
+    "check-copy": check_copy,
+    "check-gemm": lambda: check_gemm(sys.argv[2]),  # the config to check: check-gemm CONFIG
+    "check-attention": check_attention,
+    "bench-copy": bench_copy,
+    "bench-gemm": bench_gemm,
+    "bench-attention": bench_attention,
+    "timeline": timeline,
+    "attention-timeline": attention_timeline,
+    "check-fp8": check_fp8,
+    "bench-fp8": bench_fp8,
+    "merge": merge,
+}
+
 if __name__ == "__main__":
-    step = sys.argv[1]
-    if step == "check-gemm":
-        check_gemm(sys.argv[2])
-    else:
-        steps = {"check-copy": check_copy, "bench-copy": bench_copy, "bench-gemm": bench_gemm, "merge": merge}
-        steps |= {
-            "check-attention": check_attention,
-            "bench-attention": bench_attention,
-            "timeline": timeline,
-            "check-fp8": check_fp8,
-            "bench-fp8": bench_fp8,
-        }
-        steps[step]()
+    STEPS[sys.argv[1]]()

@@ -172,8 +172,10 @@ def _compile_case(case: str) -> dict:
             ch08_copy._tma_copy_kernel, {"in_desc": desc, "out_desc": desc}, {"STAGES": stages}, 1
         )
     elif kind == "attention":
+        timeline, name = name.endswith("+timeline"), name.removesuffix("+timeline")
+        stages, name = (3, name.removesuffix("+3stages")) if name.endswith("+3stages") else (2, name)
         head_dim, causal, overlap = int(name.split("/")[0]), "/causal" in name, name.endswith("+overlap")
-        k = ch08_attention.compile_sm90(head_dim, causal, overlap)
+        k = ch08_attention.compile_sm90(head_dim, causal, overlap, timeline=timeline, stages=stages)
     elif kind == "gemm_fp8":
         k = ch08_gemm.compile_sm90(name, fp8=True)
     else:
@@ -195,6 +197,7 @@ def compiled() -> dict:
 
     cases = [f"copy:{i}" for i in range(len(COPY_CASES))] + [f"gemm:{c}" for c in sorted(ch08_gemm.CONFIGS)]
     cases += [f"attention:{case}" for case in ATTENTION_CASES] + [f"gemm:{ch08_gemm.DEFAULT_CONFIG}+timeline"]
+    cases += ["attention:128/causal+overlap+timeline"]
     cases += [f"gemm_fp8:{config}" for config in ch08_gemm.FP8_CONFIGS]
     here = Path(__file__).resolve().parent
     code = (
@@ -232,6 +235,14 @@ def test_gemm_timeline_compiles_in_only_when_asked(compiled):
     with_timeline = compiled[f"gemm:{ch08_gemm.DEFAULT_CONFIG}+timeline"]
     assert with_timeline["%clock64"] and with_timeline["wgmma.mma_async"]
     assert not compiled[f"gemm:{ch08_gemm.DEFAULT_CONFIG}"]["%clock64"]
+
+
+def test_attention_timeline_compiles_in_only_when_asked(compiled):
+    """As the GEMM's: the forward that runs for speed reads no clock, and the recording adds no buffer."""
+    recording = compiled["attention:128/causal+overlap+timeline"]
+    plain = compiled["attention:128/causal+overlap"]
+    assert recording["%clock64"] and recording["wgmma.mma_async"] and not plain["%clock64"]
+    assert 0 <= recording["shared"] - plain["shared"] < 64
 
 
 @pytest.mark.parametrize("config", sorted(ch08_gemm.FP8_CONFIGS))
@@ -314,17 +325,19 @@ def test_fp8_gemm_matches_scaled_mm(shape):
     assert ours_err <= 2 * max(errs.values()) + 1e-6, f"error {ours_err} against torch._scaled_mm's {errs}"
 
 
-ATTENTION_CASES = ["64/full", "128/full", "128/causal", "128/full+overlap", "128/causal+overlap"]
+ATTENTION_CASES = ["64/full", "128/full", "128/causal", "128/full+overlap", "128/causal+overlap",
+                   "64/full+overlap+3stages", "128/causal+overlap+3stages"]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", ATTENTION_CASES)
 def test_attention_compiles_for_sm90_with_the_modelled_shared_memory(compiled, case):
-    """Both designs (OVERLAP: the next S issued before the softmax) take the same shared memory."""
+    """Both designs (OVERLAP: the next S issued before the softmax) take the same shared memory; a third
+    stage fits because O then leaves through Q's buffer."""
     k = compiled[f"attention:{case}"]
-    head_dim = int(case.split("/")[0])
+    head_dim, stages = int(case.split("/")[0]), 3 if case.endswith("+3stages") else 2
     # Q, O and the K/V rings as modelled; the compiler adds its barriers' alignment and the warp
     # specialization's own few hundred bytes.
-    assert 0 <= k["shared"] - ch08_attention.smem_bytes(head_dim) < 512
+    assert 0 <= k["shared"] - ch08_attention.smem_bytes(head_dim, stages=stages) < 512
     assert k["shared"] <= models.SMEM_PER_BLOCK
     assert k["wgmma.mma_async"] and k["cp.async.bulk.tensor"] and k["setmaxnreg"]
 
@@ -436,6 +449,7 @@ def _qkv(shape, dtype=torch.bfloat16, device=None):
         ("D = 96", ValueError, "head dim 96.*ch06_attention"),
         ("k of another shape", ValueError, "one shape and dtype"),
         ("transposed", ValueError, "contiguous"),
+        ("4 stages", ValueError, r"stages = 4.*\(2, 3\)"),
     ],
 )
 def test_attention_refuses_bad_inputs(change, error, match):
@@ -452,8 +466,9 @@ def test_attention_refuses_bad_inputs(change, error, match):
         k = k[:, :1].contiguous()
     elif change == "transposed":
         q = q.transpose(2, 3).contiguous().transpose(2, 3)
+    stages = 4 if change == "4 stages" else ch08_attention.STAGES
     with pytest.raises(error, match=match):
-        ch08_attention.attention_forward(q, k, v)
+        ch08_attention.attention_forward(q, k, v, stages=stages)
 
 
 def test_attention_off_hopper_names_the_fallback():
@@ -467,19 +482,22 @@ def test_attention_shared_memory_by_hand():
     # D = 128, bf16: Q and O 2 x 128 x 128 x 2 B, K and V rings 2 x 2 x 128 x 128 x 2 B, 9 barriers of 8 B
     assert ch08_attention.smem_bytes(128) == 65536 + 131072 + 72
     assert ch08_attention.smem_bytes(128) <= models.SMEM_PER_BLOCK
+    # three stages: O through Q's buffer, 3 x 64 KiB of K and V, 13 barriers
+    assert ch08_attention.smem_bytes(128, stages=3) == 32768 + 196608 + 104 <= models.SMEM_PER_BLOCK
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("design", ["plain", "overlap", "overlap+3stages"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(1, 2, 128, 64), (2, 3, 384, 128), (1, 1, 1024, 128)])
 @pytest.mark.gpu
 @hopper
-def test_attention_forward_matches_float64(shape, dtype, causal, overlap):
+def test_attention_forward_matches_float64(shape, dtype, causal, design):
     q, k, v = _qkv(shape, dtype, "cuda")
     expected = ch08_attention.reference(q, k, v, causal)
     _poison_next(q.numel(), dtype)
-    o, lse = ch08_attention.attention_forward(q, k, v, causal=causal, overlap=overlap)
+    overlap, stages = design != "plain", 3 if design.endswith("3stages") else 2
+    o, lse = ch08_attention.attention_forward(q, k, v, causal=causal, overlap=overlap, stages=stages)
     assert not o.isnan().any() and not lse.isnan().any()
     theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     ours, torchs = (o.double() - expected).abs().max(), (theirs.double() - expected).abs().max()
@@ -494,7 +512,8 @@ def test_attention_forward_matches_float64(shape, dtype, causal, overlap):
 @hopper
 def test_attention_opcheck_and_a_fullgraph_compile():
     q, k, v = _qkv((1, 2, 256, 64), torch.bfloat16, "cuda")
-    torch.library.opcheck(torch.ops.labkernels.ch08_attention_forward.default, (q, k, v, True, 0.125, False))
+    op = torch.ops.labkernels.ch08_attention_forward.default
+    torch.library.opcheck(op, (q, k, v, True, 0.125, False, 2))
     compiled = torch.compile(lambda q, k, v: ch08_attention.attention_forward(q, k, v)[0] * 2, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), ch08_attention.attention_forward(q, k, v)[0] * 2)
 
@@ -608,6 +627,84 @@ def test_timeline_picture_draws_every_kind_it_has(tmp_path):
     plt.close(fig)
 
 
+def _fake_attention_timeline(tiles=3, half_offset=7.0):
+    """An attention record by hand: each consumer's tile j waits 10 ns for K, 40 of softmax, 5 for V and 20
+    for its wgmmas; the second warpgroup runs `half_offset` ns behind the first."""
+    rows = [dict(event="producer_wait", index=j, ns=30.0 * j) for j in range(tiles)]
+    rows += [dict(event="producer_issue", index=j, ns=30.0 * j + 2) for j in range(tiles)]
+    for half in (0, 1):
+        t = half * half_offset
+        for j in range(tiles - 1):
+            for event, step in (("wait_k", 10), ("s_issued", 40), ("softmax_done", 5), ("v_ready", 20)):
+                rows.append(dict(event=f"c{half}_{event}", index=j, ns=t))
+                t += step
+            rows.append(dict(event=f"c{half}_mma_done", index=j, ns=t))
+        rows += [dict(event=f"c{half}_epilogue_start", index=0, ns=t + 1),
+                 dict(event=f"c{half}_epilogue_end", index=0, ns=t + 16)]  # fmt: skip
+    return [r | {"cycle": int(r["ns"] * 2)} for r in rows]
+
+
+def test_attention_timeline_intervals_and_shares_by_hand():
+    from labkernels.ch08_hopper import timeline
+
+    spans = timeline.intervals(_fake_attention_timeline())
+    second = [(k, s, e) for lane, k, s, e in spans if lane == "consumer warpgroup 1"]
+    assert second[:4] == [("waits for K", 7.0, 17.0), ("softmax, next S in flight", 17.0, 57.0),
+                          ("waits for V", 57.0, 62.0), ("waits for its wgmmas", 62.0, 82.0)]  # fmt: skip
+    assert second[-1] == ("epilogue", 158.0, 173.0)
+    shares = timeline.shares(_fake_attention_timeline())
+    assert set(shares) == set(timeline.ATTENTION_LANES)
+    consumer = shares["consumer warpgroup 0"]
+    assert sum(consumer.values()) == pytest.approx(1.0)
+    assert consumer["softmax, next S in flight"] == pytest.approx(80 / (150 + 15))
+
+
+def test_attention_timeline_picture_has_a_lane_per_warpgroup(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkernels.ch08_hopper import timeline
+
+    fig, ax = plt.subplots(figsize=(8, 3))
+    timeline.plot_timeline(_fake_attention_timeline(), ax)
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(timeline.ATTENTION_LANES)
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == set(timeline.ATTENTION_KINDS)
+    fig.savefig(tmp_path / "attention_timeline.png")
+    plt.close(fig)
+
+
+def test_rows_from_marks_counts_from_the_start_and_skips_unreached_slots():
+    from labkernels.ch08_hopper import timeline
+
+    marks = torch.full((3, 4), -1, dtype=torch.int64)
+    marks[0, :2] = torch.tensor([1100, 1300])
+    marks[1, 0] = 1500
+    marks[2] = torch.tensor([1000, 50_000, 3000, 51_000])  # cycles and ns at the start, then at the end
+    rows = timeline.rows_from_marks(marks, ("a", "b", "clocks"))
+    assert rows == [{"event": "a", "index": 0, "cycle": 100, "ns": 50.0},
+                    {"event": "a", "index": 1, "cycle": 300, "ns": 150.0},
+                    {"event": "b", "index": 0, "cycle": 500, "ns": 250.0}]  # fmt: skip
+
+
+@pytest.mark.gpu
+@hopper
+def test_attention_timeline_records_every_tile_of_both_warpgroups_in_order():
+    q, k, v = (torch.randn(1, 2, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    rows = ch08_attention.attention_timeline(q, k, v)
+    tiles = 1024 // ch08_attention.BLOCK_N
+    for half in (0, 1):
+        steps = [sorted((r["index"], r["cycle"]) for r in rows if r["event"] == f"c{half}_{e}")
+                 for e in ch08_attention.CONSUMER_EVENTS[:5]]  # fmt: skip
+        assert all(len(s) == tiles - 1 for s in steps)  # the loop's tiles; the last one is outside it
+        for marks in zip(*steps, strict=True):
+            cycles = [c for _, c in marks]
+            assert cycles == sorted(cycles) and cycles[0] >= 0  # each tile's events in program order
+    issued = sorted(r["index"] for r in rows if r["event"] == "producer_issue")
+    assert issued == list(range(tiles))
+
+
 @pytest.mark.gpu
 @hopper
 def test_gemm_timeline_records_every_step_of_program_0_in_order():
@@ -628,3 +725,18 @@ def test_gemm_timeline_records_every_step_of_program_0_in_order():
     assert cycles == sorted(cycles) and cycles[0] >= 0
     for (i, issued), (j, used) in zip(got["producer_issue"], got["consumer_mma"], strict=True):
         assert i == j and used >= issued  # no step's MMA before its load was issued
+
+
+def test_every_step_of_the_h200_job_exists():
+    """gpu_jobs/ch08_hopper.sh runs `python gpu_jobs/ch08_hopper.py STEP` per step: a step it names and the
+    script lacks fails only on the GPU (it once did: KeyError), so the names are checked here."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    jobs = Path(__file__).resolve().parent.parent / "gpu_jobs"
+    spec = importlib.util.spec_from_file_location("ch08_job", jobs / "ch08_hopper.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    named = re.findall(r"^step \S+ \d+ (\S+)", (jobs / "ch08_hopper.sh").read_text(), flags=re.M)
+    assert len(named) >= 10 and not set(named) - set(job.STEPS)

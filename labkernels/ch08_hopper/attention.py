@@ -33,15 +33,33 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from labkernels.ch08_hopper.device import check_hopper, gl_dtype
+from labkernels.ch08_hopper.gemm import _globaltimer, _mark
+from labkernels.ch08_hopper.models import SMEM_PER_BLOCK
 
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128)
 BLOCK_M, HALF_M, BLOCK_N = 128, 64, 128  # query rows a program, a consumer's rows, keys a tile
 STAGES = 2
+# A third stage fits only if O leaves through Q's buffer, which is free once a warpgroup's last S is back:
+# Q 32 KiB + 3 x (K + V) 64 KiB = 224 KiB of the 227 a program may take (D = 128).
+STAGE_CHOICES = (2, 3)
 # Issue the next tile's S = Q K^T before this tile's softmax (FlashAttention-3's intra-warpgroup overlap).
 # Both designs are measured on the H200 (ch08_attention.csv: `ch08_attention_overlap` is this one); the
 # overlapped one was the faster at every measured shape, so it is the default.
 OVERLAP = True
+# TIMELINE: program (0, 0) of the overlapped design writes the SM's clock at each of these events (gemm's
+# `_mark`), one row of an int64 (EVENTS, TIMELINE_SLOTS) buffer each, column = the K/V tile. A consumer's
+# tile j: it waits for K[j + 1], issues S[j + 1], ends the softmax of S[j], has V[j], has both wgmmas back.
+CONSUMER_EVENTS = (
+    "wait_k", "s_issued", "softmax_done", "v_ready", "mma_done", "epilogue_start", "epilogue_end"
+)  # fmt: skip
+EVENTS = (
+    ("producer_wait", "producer_issue")
+    + tuple(f"c{half}_{event}" for half in (0, 1) for event in CONSUMER_EVENTS)
+    + ("clocks",)
+)
+TIMELINE_SLOTS = 512
+_CLOCKS = gl.constexpr(len(EVENTS) - 1)  # the row of the start and end (cycles, ns)
 FALLBACK = "labkernels.ch06_attention.flash_attention (chapter 06's kernel, any GPU and the CPU lane)"
 LOG2E = 1.4426950408889634
 
@@ -58,10 +76,15 @@ def reference(q, k, v, causal: bool = False, sm_scale: float | None = None) -> t
 
 def smem_bytes(head_dim: int, element_bytes: int = 2, stages: int = STAGES) -> int:
     """Shared memory of one program: Q (BLOCK_M x D), STAGES K and V tiles (BLOCK_N x D), the O tile for the
-    TMA store (BLOCK_M x D), and an 8-byte mbarrier for Q and for each K and V slot's ready and empty."""
-    q_and_o = 2 * BLOCK_M * head_dim * element_bytes
+    TMA store (BLOCK_M x D) unless it reuses Q's (three stages), and an 8-byte mbarrier for Q and for each K
+    and V slot's ready and empty."""
+    q_and_o = (1 if _o_in_q(stages) else 2) * BLOCK_M * head_dim * element_bytes
     rings = 2 * stages * BLOCK_N * head_dim * element_bytes
     return q_and_o + rings + 8 * (1 + 4 * stages)
+
+
+def _o_in_q(stages: int) -> bool:
+    return stages > 2
 
 
 @gluon.jit
@@ -81,7 +104,8 @@ def _add_combine(a, b):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-              q_row, kv_row, n_tiles):  # fmt: skip
+              q_row, kv_row, n_tiles, timeline_ptr, pid,
+              TIMELINE: gl.constexpr, SLOTS: gl.constexpr):  # fmt: skip
     """One warp: Q once, then K and V tile by tile into their rings."""
     HALF: gl.constexpr = q_desc.block_type.shape[0]
     TILE_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -92,6 +116,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_
     for j in range(n_tiles):
         slot = j % RING
         free = ((j // RING) & 1) ^ 1  # the first lap passes at once; later laps wait for both consumers
+        if TIMELINE:
+            _mark(timeline_ptr, 0, j, pid, SLOTS)
         mbarrier.wait(k_empty.index(slot), free)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(
@@ -102,6 +128,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_
         tma.async_copy_global_to_shared(
             v_desc, [kv_row + j * TILE_N, 0], v_ready.index(slot), v_bufs.index(slot)
         )
+        if TIMELINE:
+            _mark(timeline_ptr, 1, j, pid, SLOTS)
 
 
 @gluon.jit
@@ -138,12 +166,14 @@ def _epilogue(acc, m_i, l_i, o_desc, o_smem, lse_ptr, q_row, HALF_INDEX: gl.cons
 
 @gluon.jit
 def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, o_smem, lse_ptr,
-              q_row, q_pos, n_tiles, qk_scale, HALF_INDEX: gl.constexpr, CAUSAL: gl.constexpr,
-              OVERLAP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+              q_row, q_pos, n_tiles, qk_scale, timeline_ptr, pid, HALF_INDEX: gl.constexpr,
+              CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, TIMELINE: gl.constexpr, SLOTS: gl.constexpr,
+              num_warps: gl.constexpr):  # fmt: skip
     """One warpgroup, 64 query rows: the online softmax over every key tile, then O and the logsumexp.
     OVERLAP: the next tile's S = Q K^T is issued before this tile's softmax, so the tensor cores compute it
     while this warpgroup exponentiates (FlashAttention-3's intra-warpgroup overlap); without it, each wgmma
-    is waited for before the softmax that follows it."""
+    is waited for before the softmax that follows it. TIMELINE marks the overlapped design's EVENTS."""
+    EV: gl.constexpr = 2 + HALF_INDEX * 7  # this warpgroup's first row of EVENTS
     HALF: gl.constexpr = q_smem.type.shape[1]
     HEAD_D: gl.constexpr = q_smem.type.shape[2]
     TILE_N: gl.constexpr = k_bufs.type.shape[1]
@@ -171,16 +201,26 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
         mbarrier.arrive(k_empty.index(0), count=1)
         for j in range(n_tiles - 1):
             slot, after = j % RING, (j + 1) % RING
+            if TIMELINE:
+                _mark(timeline_ptr, EV + 0, j, pid, SLOTS)
             mbarrier.wait(k_ready.index(after), ((j + 1) // RING) & 1)
             s_next = warpgroup_mma(
                 q, k_bufs.index(after).permute((1, 0)), zero_s, use_acc=False, is_async=True
             )
+            if TIMELINE:
+                _mark(timeline_ptr, EV + 1, j, pid, SLOTS)
             p16, m_i, l_i, acc = _softmax_step(
                 s, m_i, l_i, acc, rows, j, n_tiles, qk_scale, p_layout, dtype, CAUSAL
             )
+            if TIMELINE:
+                _mark(timeline_ptr, EV + 2, j, pid, SLOTS)
             mbarrier.wait(v_ready.index(slot), (j // RING) & 1)
+            if TIMELINE:
+                _mark(timeline_ptr, EV + 3, j, pid, SLOTS)
             acc = warpgroup_mma(p16, v_bufs.index(slot), acc, is_async=True)
             s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
+            if TIMELINE:
+                _mark(timeline_ptr, EV + 4, j, pid, SLOTS)
             mbarrier.arrive(k_empty.index(after), count=1)
             mbarrier.arrive(v_empty.index(slot), count=1)
         last = n_tiles - 1
@@ -206,12 +246,18 @@ def _consumer(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
             acc = warpgroup_mma(p16, v_bufs.index(slot), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(v_empty.index(slot), count=1)
+    if TIMELINE:
+        _mark(timeline_ptr, EV + 5, 0, pid, SLOTS)
     _epilogue(acc, m_i, l_i, o_desc, o_smem, lse_ptr, q_row, HALF_INDEX)
+    if TIMELINE:
+        _mark(timeline_ptr, EV + 6, 0, pid, SLOTS)
 
 
 @gluon.jit
-def _attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seq_len, qk_scale, CAUSAL: gl.constexpr,
-                          STAGES: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+def _attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, timeline_ptr, seq_len, qk_scale,
+                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                          TIMELINE: gl.constexpr, SLOTS: gl.constexpr, O_IN_Q: gl.constexpr,
+                          num_warps: gl.constexpr):  # fmt: skip
     HALF: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     TILE_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -225,7 +271,10 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seq_len, qk_s
     kv_row = head * seq_len
     n_tiles = gl.cdiv(q_pos + 2 * HALF, TILE_N) if CAUSAL else gl.cdiv(seq_len, TILE_N)
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_D], q_desc.layout)
-    o_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_D], o_desc.layout)
+    if O_IN_Q:  # each warpgroup writes its O through its own half of Q, after its last S = Q K^T
+        o_smem = q_smem
+    else:
+        o_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_D], o_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_D], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -233,6 +282,10 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seq_len, qk_s
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    pid = gl.program_id(0) + gl.program_id(1) * n_q_tiles  # the timeline records program 0
+    if TIMELINE:
+        _mark(timeline_ptr, _CLOCKS, 0, pid, SLOTS)  # cycles and nanoseconds at the start
+        gl.store(timeline_ptr + _CLOCKS * SLOTS + 1, _globaltimer(), mask=pid == 0)
     mbarrier.init(q_bar, count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)  # completed by the TMA bytes
@@ -243,20 +296,31 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, seq_len, qk_s
     gl.warp_specialize(
         [
             (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, o_smem,
-                         lse_ptr, q_row, q_pos, n_tiles, qk_scale, 0, CAUSAL, OVERLAP, num_warps)),
+                         lse_ptr, q_row, q_pos, n_tiles, qk_scale, timeline_ptr, pid, 0, CAUSAL, OVERLAP,
+                         TIMELINE, SLOTS, num_warps)),
             (_consumer, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, o_smem,
-                         lse_ptr, q_row, q_pos, n_tiles, qk_scale, 1, CAUSAL, OVERLAP, num_warps)),
+                         lse_ptr, q_row, q_pos, n_tiles, qk_scale, timeline_ptr, pid, 1, CAUSAL, OVERLAP,
+                         TIMELINE, SLOTS, num_warps)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                         v_empty, q_row, kv_row, n_tiles)),
+                         v_empty, q_row, kv_row, n_tiles, timeline_ptr, pid, TIMELINE, SLOTS)),
         ],
         [4, 1],  # warps: the second consumer warpgroup (the kernel's own run the first), the producer
         [240, 24],  # registers a thread: the consumers hold S, P and O; the producer scalars
     )
     # fmt: on
+    if TIMELINE:
+        _mark(timeline_ptr, _CLOCKS, 2, pid, SLOTS)  # cycles and nanoseconds at the end
+        gl.store(timeline_ptr + _CLOCKS * SLOTS + 3, _globaltimer(), mask=pid == 0)
 
 
 def compile_sm90(
-    head_dim: int = 128, causal: bool = False, overlap: bool = OVERLAP, seq_len: int = 256, heads: int = 6
+    head_dim: int = 128,
+    causal: bool = False,
+    overlap: bool = OVERLAP,
+    seq_len: int = 256,
+    heads: int = 6,
+    timeline: bool = False,
+    stages: int = STAGES,
 ):
     """The kernel compiled for Hopper on any machine, a CPU included (`offline.compile_for_hopper`)."""
     from labkernels.ch08_hopper.offline import compile_for_hopper, descriptor
@@ -268,10 +332,12 @@ def compile_sm90(
         "v_desc": descriptor(rows, head_dim, [BLOCK_N, head_dim]),
         "o_desc": descriptor(rows, head_dim, [HALF_M, head_dim]),
         "lse_ptr": torch.empty(rows),
+        "timeline_ptr": torch.empty(len(EVENTS), dtype=torch.int64),
         "seq_len": seq_len,
         "qk_scale": 0.1,
     }
-    constexprs = {"CAUSAL": causal, "STAGES": STAGES, "OVERLAP": overlap, "num_warps": 4}
+    constexprs = {"CAUSAL": causal, "STAGES": stages, "OVERLAP": overlap, "TIMELINE": timeline,
+                  "SLOTS": TIMELINE_SLOTS, "O_IN_Q": _o_in_q(stages), "num_warps": 4}  # fmt: skip
     return compile_for_hopper(_attention_fwd_kernel, args, constexprs, 4)
 
 
@@ -280,7 +346,7 @@ def _descriptor(t2d: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t2d, block, layout)
 
 
-def check_attention(q, k, v) -> None:
+def check_attention(q, k, v, stages: int = STAGES) -> None:
     """Refuse what the kernel cannot take, naming the problem: operands first, then the GPU."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -316,6 +382,11 @@ def check_attention(q, k, v) -> None:
         raise RuntimeError(
             f"attention_forward: inputs require grad; this forward is inference only. Use {FALLBACK}"
         )
+    if stages not in STAGE_CHOICES:
+        raise ValueError(f"attention_forward: stages = {stages}; this kernel takes {STAGE_CHOICES}")
+    if smem_bytes(head_dim, q.element_size(), stages) > SMEM_PER_BLOCK:
+        raise ValueError(f"attention_forward: {stages} stages at D = {head_dim} need more shared memory "
+                         f"than a program may take ({SMEM_PER_BLOCK} bytes)")  # fmt: skip
     check_hopper("attention_forward", q, FALLBACK)
 
 
@@ -327,28 +398,31 @@ def attention_forward(
     causal: bool = False,
     sm_scale: float | None = None,
     overlap: bool = OVERLAP,
+    stages: int = STAGES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, logsumexp) of softmax(Q K^T * sm_scale) V for (B, H, S, D) 16-bit q, k, v on a Hopper GPU, S a
     multiple of 128, D 64 or 128; O in q's dtype, the logsumexp (B, H, S) fp32 in natural log. `overlap`
-    picks the design (OVERLAP). Inference only: chapter 06's backward takes the logsumexp."""
-    check_attention(q, k, v)
+    picks the design (OVERLAP), `stages` the K/V ring's depth (STAGE_CHOICES; 3 writes O through Q's
+    buffer). Inference only: chapter 06's backward takes the logsumexp."""
+    check_attention(q, k, v, stages)
     scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     if torch.compiler.is_compiling():
-        return torch.ops.labkernels.ch08_attention_forward(q, k, v, causal, scale, overlap)
-    return _forward(q, k, v, causal, scale, overlap)
+        return torch.ops.labkernels.ch08_attention_forward(q, k, v, causal, scale, overlap, stages)
+    return _forward(q, k, v, causal, scale, overlap, stages)
 
 
 @torch.library.custom_op(
     "labkernels::ch08_attention_forward",
     mutates_args=(),
-    schema="(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale, bool overlap) -> (Tensor, Tensor)",
+    schema="(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale, bool overlap, int stages) -> "
+    "(Tensor, Tensor)",
 )
-def _attention_op(q, k, v, causal, sm_scale, overlap):
-    return _forward(q, k, v, causal, sm_scale, overlap)
+def _attention_op(q, k, v, causal, sm_scale, overlap, stages):
+    return _forward(q, k, v, causal, sm_scale, overlap, stages)
 
 
 @_attention_op.register_fake
-def _(q, k, v, causal, sm_scale, overlap):
+def _(q, k, v, causal, sm_scale, overlap, stages):
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -360,7 +434,8 @@ def _check_alignment(q, k, v) -> None:
             raise ValueError(f"attention_forward: {name} must start on a 16-byte boundary")
 
 
-def _forward(q, k, v, causal: bool, scale: float, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q, k, v, causal: bool, scale: float, overlap: bool, stages: int = STAGES, timeline=None):
+    """(O, logsumexp); `timeline`, an int64 (EVENTS, TIMELINE_SLOTS) buffer, turns the recording on."""
     _check_alignment(q, k, v)
     batch, heads, seq_len, head_dim = q.shape
     o = torch.empty_like(q)
@@ -377,11 +452,26 @@ def _forward(q, k, v, causal: bool, scale: float, overlap: bool) -> tuple[torch.
         v_desc,
         o_desc,
         lse,
+        lse if timeline is None else timeline,  # never read unless TIMELINE
         seq_len,
         scale * LOG2E,
         CAUSAL=causal,
-        STAGES=STAGES,
+        STAGES=stages,
         OVERLAP=overlap,
+        TIMELINE=timeline is not None,
+        SLOTS=TIMELINE_SLOTS,
+        O_IN_Q=_o_in_q(stages),
         num_warps=4,
     )
     return o, lse
+
+
+def attention_timeline(q, k, v, *, causal: bool = False) -> list[dict]:
+    """Run the overlapped forward once with program (0, 0) recording its clock at every event (EVENTS); rows
+    (event, index, cycle, ns) as `gemm.gemm_timeline` gives them; tiles past TIMELINE_SLOTS go unrecorded."""
+    from labkernels.ch08_hopper.timeline import rows_from_marks
+
+    check_attention(q, k, v)
+    marks = torch.full((len(EVENTS), TIMELINE_SLOTS), -1, dtype=torch.int64, device=q.device)
+    _forward(q, k, v, causal, 1 / math.sqrt(q.shape[-1]), True, STAGES, timeline=marks)
+    return rows_from_marks(marks.cpu(), EVENTS)

@@ -453,16 +453,9 @@ def gemm_timeline(a: torch.Tensor, b: torch.Tensor, *, config: str = DEFAULT_CON
     check_gemm(a, b, config)
     marks = torch.full((len(EVENTS), TIMELINE_SLOTS), -1, dtype=torch.int64, device=a.device)
     _gemm(a, b, config, timeline=marks)
-    got = marks.cpu()
-    start, start_ns, end, end_ns = (int(got[-1, i]) for i in range(4))
-    ns_per_cycle = (end_ns - start_ns) / max(1, end - start)
-    rows = []
-    for event, name in enumerate(EVENTS[:-1]):
-        for index, cycle in enumerate(got[event].tolist()):
-            if cycle >= 0:
-                rows.append({"event": name, "index": index, "cycle": cycle - start,
-                             "ns": (cycle - start) * ns_per_cycle})  # fmt: skip
-    return rows
+    from labkernels.ch08_hopper.timeline import rows_from_marks
+
+    return rows_from_marks(marks.cpu(), EVENTS)
 
 
 @torch.library.custom_op(

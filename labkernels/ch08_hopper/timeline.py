@@ -1,5 +1,5 @@
-"""Inside one program of the warp-specialized GEMM: when the producer warp waited and issued, when the
-consumer warpgroups waited for data, computed and wrote their tiles.
+"""Inside one program of the warp-specialized GEMM or the attention forward: when the producer warp waited
+and issued, when the consumer warpgroups waited for data, computed and wrote their tiles.
 
 `gemm.gemm_timeline` records the SM's cycle counter at each event of program 0 (`gemm.EVENTS`) and turns
 cycles into nanoseconds with the program's own timer; the H200's record ships as ch08_timeline.csv. Here the
@@ -20,6 +20,32 @@ KINDS = {
     "epilogue": "#9467bd",  # the tile's wait for its last MMA, then registers -> shared -> TMA store
 }
 LANES = ("producer warp", "consumer warpgroups")
+# The attention forward's record (attention.EVENTS): each consumer warpgroup on its own lane.
+ATTENTION_KINDS = {
+    "waits for a free slot": KINDS["waits for a free slot"],
+    "issues TMA loads": KINDS["issues TMA loads"],
+    "waits for K": "#ff7f0e",
+    "softmax, next S in flight": "#d62728",  # exponentials on the SFUs while the tensor cores compute S
+    "waits for V": "#ffbb78",
+    "waits for its wgmmas": "#2ca02c",  # P V and the next S not yet back
+    "epilogue": KINDS["epilogue"],
+}
+ATTENTION_LANES = ("producer warp", "consumer warpgroup 0", "consumer warpgroup 1")
+
+
+def rows_from_marks(marks, events: tuple[str, ...]) -> list[dict]:
+    """A kernel's (events, slots) int64 clock marks (-1: not reached) as rows (event, index, cycle, ns).
+    The last event's row holds the program's (cycles, ns) at its start and (cycles, ns) at its end: cycles
+    are counted from the start, and turned into ns at the program's own rate."""
+    start, start_ns, end, end_ns = (int(marks[-1, i]) for i in range(4))
+    ns_per_cycle = (end_ns - start_ns) / max(1, end - start)
+    rows = []
+    for event, name in enumerate(events[:-1]):
+        for index, cycle in enumerate(marks[event].tolist()):
+            if cycle >= 0:
+                rows.append({"event": name, "index": index, "cycle": cycle - start,
+                             "ns": (cycle - start) * ns_per_cycle})  # fmt: skip
+    return rows
 
 
 def _by_event(rows: list[dict]) -> dict[str, dict[int, float]]:
@@ -29,18 +55,19 @@ def _by_event(rows: list[dict]) -> dict[str, dict[int, float]]:
     return events
 
 
+def _is_attention(rows: list[dict]) -> bool:
+    return any(r["event"].startswith("c0_") for r in rows)
+
+
 def intervals(rows: list[dict]) -> list[tuple[str, str, float, float]]:
-    """(lane, kind, start ns, end ns) for every load, K step and tile the rows record."""
+    """(lane, kind, start ns, end ns) for every load, K step and tile the rows record (the GEMM's or the
+    attention forward's, by their events)."""
     e = _by_event(rows)
-    spans = []
-    for i, start in sorted(e["producer_wait"].items()):
-        issued = e["producer_issue"].get(i)
-        if issued is None:
-            continue
-        spans.append((LANES[0], "waits for a free slot", start, issued))
-        following = e["producer_wait"].get(i + 1)
-        if following is not None:
-            spans.append((LANES[0], "issues TMA loads", issued, following))
+    spans = _producer_spans(e)
+    if _is_attention(rows):
+        for half in (0, 1):
+            spans += _attention_consumer_spans(e, half)
+        return [s for s in spans if s[3] >= s[2]]
     for i, start in sorted(e["consumer_wait"].items()):
         arrived, released = e["consumer_mma"].get(i), e["consumer_release"].get(i)
         if arrived is None or released is None:
@@ -52,6 +79,33 @@ def intervals(rows: list[dict]) -> list[tuple[str, str, float, float]]:
         if end is not None:
             spans.append((LANES[1], "epilogue", start, end))
     return [s for s in spans if s[3] >= s[2]]
+
+
+def _attention_consumer_spans(e: dict, half: int) -> list[tuple[str, str, float, float]]:
+    lane, steps = ATTENTION_LANES[1 + half], ("wait_k", "s_issued", "softmax_done", "v_ready", "mma_done")
+    kinds = ("waits for K", "softmax, next S in flight", "waits for V", "waits for its wgmmas")
+    spans = []
+    for j in sorted(e[f"c{half}_wait_k"]):
+        marks = [e[f"c{half}_{step}"].get(j) for step in steps]
+        if None not in marks:
+            spans += [(lane, kind, a, b) for kind, a, b in zip(kinds, marks[:-1], marks[1:], strict=True)]
+    start, end = e[f"c{half}_epilogue_start"].get(0), e[f"c{half}_epilogue_end"].get(0)
+    if start is not None and end is not None:
+        spans.append((lane, "epilogue", start, end))
+    return spans
+
+
+def _producer_spans(e: dict) -> list[tuple[str, str, float, float]]:
+    spans = []
+    for i, start in sorted(e["producer_wait"].items()):
+        issued = e["producer_issue"].get(i)
+        if issued is None:
+            continue
+        spans.append((LANES[0], "waits for a free slot", start, issued))
+        following = e["producer_wait"].get(i + 1)
+        if following is not None:
+            spans.append((LANES[0], "issues TMA loads", issued, following))
+    return spans
 
 
 def shares(rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -71,18 +125,19 @@ def plot_timeline(rows: list[dict], ax, *, window_us: float | None = None, title
     from matplotlib.patches import Patch
 
     spans = intervals(rows)
-    for y, lane in enumerate(LANES):
-        for kind, colour in KINDS.items():
+    lanes, kinds = (ATTENTION_LANES, ATTENTION_KINDS) if _is_attention(rows) else (LANES, KINDS)
+    for y, lane in enumerate(lanes):
+        for kind, colour in kinds.items():
             bars = [(s / 1e3, (e - s) / 1e3) for ln, k, s, e in spans if ln == lane and k == kind]
             if bars:
                 ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=colour, linewidth=0)
-    ax.set_yticks(range(len(LANES)), LANES)
-    ax.set_ylim(-0.6, len(LANES) - 0.4)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
     ax.set_xlabel("µs from the program's start")
     if window_us is not None:
         ax.set_xlim(0, window_us)
     # beside the lanes, never over them or over the axis label
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items()], loc="center left",
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in kinds.items()], loc="center left",
               bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")  # fmt: skip
     if title:
         ax.set_title(title)
