@@ -388,9 +388,24 @@ def test_gemm_refuses_bad_inputs(a, b, error, match):
         ch08_gemm.gemm(a, b)
 
 
+@pytest.mark.parametrize(
+    "shape, chosen",
+    [
+        ((4096, 4096), "128x256x64_s3_w8"),  # 512 big tiles: about 4 an SM
+        ((3000, 5000), "128x256x64_s3_w8"),  # 480, the last ones partial
+        ((2048, 2048), "128x128x64_s4_w4"),  # 128 big tiles: under one an SM
+        ((16, 4096), "128x128x64_s4_w4"),
+        ((2112, 4096), "128x256x64_s3_w8"),  # 17 x 16 = 272 big tiles: just over two an SM
+        ((2048, 4096), "128x128x64_s4_w4"),  # 256 big tiles: just under
+    ],
+)
+def test_auto_takes_the_big_tile_only_when_every_sm_gets_two(shape, chosen):
+    assert ch08_gemm.choose_config(*shape, sms=132) == chosen
+
+
 def test_gemm_refuses_an_unknown_config_and_a_misaligned_start():
     a = torch.zeros(8, 8, dtype=torch.half)
-    with pytest.raises(ValueError, match="config must be one of"):
+    with pytest.raises(ValueError, match="config must be 'auto' or one of"):
         ch08_gemm.gemm(a, a, config="huge")
     misaligned = torch.zeros(72, dtype=torch.half)[1:65].view(8, 8)
     with pytest.raises(ValueError, match="16-byte boundary"):
@@ -524,7 +539,7 @@ def test_attention_refuses_inputs_that_require_grad():
         ch08_attention.attention_forward(q.requires_grad_(), k, v)
 
 
-@pytest.mark.parametrize("config", sorted(ch08_gemm.CONFIGS))
+@pytest.mark.parametrize("config", [*sorted(ch08_gemm.CONFIGS), ch08_gemm.AUTO])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(1000, 776, 520), (128, 256, 64), (17, 8, 8)])
 @pytest.mark.gpu
@@ -657,6 +672,16 @@ def test_attention_timeline_intervals_and_shares_by_hand():
     consumer = shares["consumer warpgroup 0"]
     assert sum(consumer.values()) == pytest.approx(1.0)
     assert consumer["softmax, next S in flight"] == pytest.approx(80 / (150 + 15))
+
+
+@pytest.mark.parametrize("offset, share", [(0.0, 1.0), (7.0, 66 / 80), (40.0, 5 / 80)])
+def test_concurrent_share_is_how_much_of_one_softmax_the_other_shares(offset, share):
+    from labkernels.ch08_hopper import timeline
+
+    # warpgroup 0 exponentiates in [10, 50] and [85, 125]; warpgroup 1 the same, `offset` ns later
+    assert timeline.concurrent_share(_fake_attention_timeline(half_offset=offset)) == pytest.approx(share)
+    with pytest.raises(ValueError, match="no recorded time"):
+        timeline.concurrent_share(_fake_timeline())  # a GEMM record has no warpgroup softmax
 
 
 def test_attention_timeline_picture_has_a_lane_per_warpgroup(tmp_path):

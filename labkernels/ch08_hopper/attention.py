@@ -7,8 +7,9 @@ One program owns BLOCK_M = 128 query rows of one (batch, head) and three partiti
 - two consumer warpgroups, one per half of Q (64 rows each, the height of one wgmma): S = Q K^T by wgmma
   from shared memory, the online softmax in registers (chapter 06's), then O += P V by wgmma with P from
   registers. Each releases a K slot as soon as its S is computed and a V slot after its P V, so the producer
-  refills behind them. The two warpgroups are independent: while one exponentiates, the other's wgmma can
-  run, which is the ping-pong FlashAttention-3 schedules by hand.
+  refills behind them. Nothing orders the two warpgroups: FlashAttention-3's ping-pong makes one exponentiate
+  while the other's wgmma runs, and the H200's timeline (ch08_attention_timeline.csv) shows these two
+  exponentiating together instead.
 Causal: a program reads only the key tiles up to its diagonal, and masks only the diagonal tile. The
 epilogue writes O through shared memory with a TMA store and the logsumexp (natural log) for chapter 06's
 backward. Traffic at best: read Q, K and V once per query tile... K and V once per program (`traffic`).

@@ -16,6 +16,7 @@ Hopper (sm_90) GPUs only; elsewhere use chapter 03's `matmul`. Registered as `la
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -55,7 +56,8 @@ CONFIGS = {
     # one consumer warpgroup, 128 x 128
     "128x128x64_s4_w4": GemmConfig(128, 128, 64, stages=4, num_warps=4),
 }
-DEFAULT_CONFIG = "128x256x64_s3_w8"
+DEFAULT_CONFIG = "128x256x64_s3_w8"  # the timeline's and the big squares' config
+AUTO = "auto"  # gemm's default: `choose_config` picks by the output's tile count
 # FP8 (e4m3) operands, bf16 output: K tiles of 128 bytes as in 16 bits, and one byte a value.
 FP8_CONFIGS = {"128x256x128_s3_w8": GemmConfig(128, 256, 128, stages=3, num_warps=8)}
 FP8_DEFAULT = "128x256x128_s3_w8"
@@ -294,7 +296,17 @@ def _gemm_ws_kernel(
     )
 
 
-def check_gemm(a: torch.Tensor, b: torch.Tensor, config: str = DEFAULT_CONFIG) -> None:
+def choose_config(m: int, n: int, sms: int) -> str:
+    """The config `gemm` runs when given "auto": the 128 x 256 tile when it gives every SM at least two tiles,
+    else the 128 x 128 one. With fewer, the big tile leaves SMs idle (`models.wave_efficiency`); on the H200
+    the small tile was as fast or faster at every shape of chapter 04's set with under 2 big tiles an SM
+    (ch08_gemm.csv, graph timings) and the big one faster at 4 or more."""
+    big = CONFIGS["128x256x64_s3_w8"]
+    tiles = -(-m // big.block_m) * -(-n // big.block_n)
+    return "128x256x64_s3_w8" if tiles >= 2 * sms else "128x128x64_s4_w4"
+
+
+def check_gemm(a: torch.Tensor, b: torch.Tensor, config: str = AUTO) -> None:
     """Refuse what the kernel cannot take, naming the problem: operands first, then the GPU."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -316,23 +328,31 @@ def check_gemm(a: torch.Tensor, b: torch.Tensor, config: str = DEFAULT_CONFIG) -
     for name, n in (("K", a.shape[1]), ("N", b.shape[1])):
         if n * a.element_size() % 16:
             raise ValueError(f"gemm: {name} = {n}: TMA rows must be a multiple of 16 bytes (8 elements)")
-    if config not in CONFIGS:
-        raise ValueError(f"gemm: config must be one of {sorted(CONFIGS)}, got {config!r}")
+    if config != AUTO and config not in CONFIGS:
+        raise ValueError(f"gemm: config must be {AUTO!r} or one of {sorted(CONFIGS)}, got {config!r}")
     if a.device != b.device:
         raise ValueError(f"gemm: a is on {a.device} but b is on {b.device}")
     check_hopper("gemm", a, FALLBACK)
 
 
+@functools.cache
+def _shared_layout(block: tuple[int, ...], dtype: torch.dtype):
+    # built once per (block, dtype): building it took a fifth of a small GEMM's host time on the H200
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype(dtype))
+
+
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(
-        t, block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype))
-    )
+    return TensorDescriptor.from_tensor(t, block, _shared_layout(tuple(block), t.dtype))
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _launch(a_desc, b_desc, c_desc, cfg: GemmConfig, tiles: int, device, *, timeline=None, scales=None,
             b_kmajor: bool = False) -> None:  # fmt: skip
     """The persistent kernel over `tiles` output tiles: one program per SM, each looping over tiles."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device)
     unused = c_desc.base  # a pointer the kernel never reads when its switch is off
     scale_a, scale_b = scales if scales is not None else (unused, unused)
     _gemm_ws_kernel[(min(sms, tiles),)](
@@ -346,8 +366,10 @@ def _gemm(
     a: torch.Tensor, b: torch.Tensor, config: str, timeline: torch.Tensor | None = None
 ) -> torch.Tensor:
     check_gemm(a, b, config)
-    cfg = CONFIGS[config]
     (m, k), n = a.shape, b.shape[1]
+    if config == AUTO:
+        config = choose_config(m, n, _sm_count(a.device))
+    cfg = CONFIGS[config]
     if m == 0 or n == 0 or k == 0:
         return torch.zeros((m, n), dtype=a.dtype, device=a.device)  # an empty sum is zero
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
@@ -461,14 +483,14 @@ def gemm_timeline(a: torch.Tensor, b: torch.Tensor, *, config: str = DEFAULT_CON
 @torch.library.custom_op(
     "labkernels::ch08_gemm",
     mutates_args=(),
-    schema=f"(Tensor a, Tensor b, str config='{DEFAULT_CONFIG}') -> Tensor",
+    schema=f"(Tensor a, Tensor b, str config='{AUTO}') -> Tensor",
 )
-def _gemm_op(a, b, config=DEFAULT_CONFIG):
+def _gemm_op(a, b, config=AUTO):
     return _gemm(a, b, config)
 
 
 @_gemm_op.register_fake
-def _(a, b, config=DEFAULT_CONFIG):
+def _(a, b, config=AUTO):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
@@ -488,9 +510,10 @@ def _gemm_backward(ctx, grad):
 _gemm_op.register_autograd(_gemm_backward, setup_context=_setup_context)
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, *, config: str = DEFAULT_CONFIG) -> torch.Tensor:
+def gemm(a: torch.Tensor, b: torch.Tensor, *, config: str = AUTO) -> torch.Tensor:
     """a @ b for row-major float16/bfloat16 a (M, K) and b (K, N) with K and N multiples of 8, on a Hopper
-    GPU; fp32 accumulation, result in a's dtype. `config` names an entry of CONFIGS. Differentiable."""
+    GPU; fp32 accumulation, result in a's dtype. `config` names an entry of CONFIGS, or "auto" for
+    `choose_config`'s pick. Differentiable."""
     try:
         wants_grad = (a.requires_grad or b.requires_grad) and torch.is_grad_enabled()
     except AttributeError:  # not tensors: the checks say so

@@ -120,6 +120,20 @@ def shares(rows: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def concurrent_share(rows: list[dict], kind: str = "softmax, next S in flight") -> float:
+    """Of consumer warpgroup 0's time in `kind`, the fraction during which warpgroup 1 is in `kind` too.
+    Two warpgroups in ping-pong would keep it near 0 (one exponentiates while the other's wgmmas run); two
+    that run in step put it near 1."""
+    spans = intervals(rows)
+    first = [(s, e) for lane, k, s, e in spans if lane == ATTENTION_LANES[1] and k == kind]
+    second = [(s, e) for lane, k, s, e in spans if lane == ATTENTION_LANES[2] and k == kind]
+    total = sum(e - s for s, e in first)
+    if total <= 0:
+        raise ValueError(f"warpgroup 0 spends no recorded time in {kind!r}")
+    both = sum(max(0.0, min(e0, e1) - max(s0, s1)) for s0, e0 in first for s1, e1 in second)
+    return both / total
+
+
 def plot_timeline(rows: list[dict], ax, *, window_us: float | None = None, title: str = "") -> None:
     """One row of bars per lane, x in µs from the program's start; `window_us` shows only the start."""
     from matplotlib.patches import Patch
