@@ -89,6 +89,22 @@ def check_poison() -> bool:
     return bool(torch.empty(1 << 20, dtype=torch.bfloat16, device="cuda").isnan().all())
 
 
+def emit_check(name: dict, poisoned: bool, *, err: float, torch_err: float, nans: int, ok: bool,
+               error: str = "") -> None:  # fmt: skip
+    """One correctness row: our largest error, torch's against the same reference, and the verdict."""
+    emit("correctness", **name, max_abs_err=err, torch_max_abs_err=torch_err, nan_count=nans,
+         poisoned=poisoned, passed=ok, error=error)  # fmt: skip
+
+
+def emit_failure(name: dict, poisoned: bool, e: Exception) -> bool:
+    """A case that raised, recorded as failed. True when the CUDA context is gone (an illegal access or a
+    launch failure): the rest of the process would only repeat it, so the caller stops."""
+    traceback.print_exc()
+    emit("correctness", **name, max_abs_err="", torch_max_abs_err="", nan_count="", poisoned=poisoned,
+         passed=False, error=short(e))  # fmt: skip
+    return "illegal" in str(e).lower() or "launch failure" in str(e).lower()
+
+
 def check_copy() -> None:
     poisoned = check_poison()
     for dtype in (torch.float32, torch.bfloat16):
@@ -104,28 +120,11 @@ def check_copy() -> None:
                     torch.cuda.synchronize()
                     nans = int(out.isnan().sum())
                     exact = bool(torch.equal(out, x))
-                    emit(
-                        "correctness",
-                        **name,
-                        max_abs_err=float((out.float() - x.float()).abs().max()),
-                        torch_max_abs_err=0.0,
-                        nan_count=nans,
-                        poisoned=poisoned,
-                        passed=exact,
-                        error="",
-                    )
-                except Exception as e:  # noqa: BLE001  (recorded, and the next case runs)
-                    traceback.print_exc()
-                    emit(
-                        "correctness",
-                        **name,
-                        max_abs_err="",
-                        torch_max_abs_err="",
-                        nan_count="",
-                        poisoned=poisoned,
-                        passed=False,
-                        error=short(e),
-                    )
+                    err = float((out.float() - x.float()).abs().max())
+                    emit_check(name, poisoned, err=err, torch_err=0.0, nans=nans, ok=exact)
+                except Exception as e:  # noqa: BLE001  (recorded; the next case runs unless the context is gone)
+                    if emit_failure(name, poisoned, e):
+                        return
 
 
 def check_gemm(config: str) -> None:
@@ -154,29 +153,9 @@ def check_gemm(config: str) -> None:
                 nans = int(c.isnan().sum())
                 # flash-attention's rule: our error within twice torch's own, against the same fp32 result
                 ok = nans == 0 and err <= 2 * torch_err + 1e-6
-                emit(
-                    "correctness",
-                    **name,
-                    max_abs_err=err,
-                    torch_max_abs_err=torch_err,
-                    nan_count=nans,
-                    poisoned=poisoned,
-                    passed=ok,
-                    error="",
-                )
+                emit_check(name, poisoned, err=err, torch_err=torch_err, nans=nans, ok=ok)
             except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                emit(
-                    "correctness",
-                    **name,
-                    max_abs_err="",
-                    torch_max_abs_err="",
-                    nan_count="",
-                    poisoned=poisoned,
-                    passed=False,
-                    error=short(e),
-                )
-                if "illegal" in str(e).lower() or "launch failure" in str(e).lower():
+                if emit_failure(name, poisoned, e):
                     return  # the CUDA context is gone: the rest of this process would only repeat it
 
 
@@ -233,21 +212,10 @@ def check_attention() -> None:
                     lse_err = float((lse - ref_lse).abs().max())
                     nans = int(o.isnan().sum()) + int(lse.isnan().sum())
                     ok = nans == 0 and err <= 2 * torch_err + 1e-6 and lse_err <= 1e-3
-                    emit(
-                        "correctness",
-                        **name,
-                        max_abs_err=err,
-                        torch_max_abs_err=torch_err,
-                        nan_count=nans,
-                        poisoned=poisoned,
-                        passed=ok,
-                        error="" if lse_err <= 1e-3 else f"lse err {lse_err:.2e}",
-                    )
+                    emit_check(name, poisoned, err=err, torch_err=torch_err, nans=nans, ok=ok,
+                               error="" if lse_err <= 1e-3 else f"lse err {lse_err:.2e}")  # fmt: skip
                 except Exception as e:  # noqa: BLE001
-                    traceback.print_exc()
-                    emit("correctness", **name, max_abs_err="", torch_max_abs_err="", nan_count="",
-                         poisoned=poisoned, passed=False, error=short(e))  # fmt: skip
-                    if "illegal" in str(e).lower() or "launch failure" in str(e).lower():
+                    if emit_failure(name, poisoned, e):
                         return
 
 
@@ -326,13 +294,10 @@ def check_fp8() -> None:
                 float((_scaled_mm(a, b_t, sa, sb, fast).float() - ref).abs().max()) for fast in (False, True)
             )
             nans = int(c.isnan().sum())
-            emit("correctness", **name, max_abs_err=err, torch_max_abs_err=torch_err, nan_count=nans,
-                 poisoned=poisoned, passed=nans == 0 and err <= 2 * torch_err + 1e-6, error="")  # fmt: skip
+            emit_check(name, poisoned, err=err, torch_err=torch_err, nans=nans,
+                       ok=nans == 0 and err <= 2 * torch_err + 1e-6)  # fmt: skip
         except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            emit("correctness", **name, max_abs_err="", torch_max_abs_err="", nan_count="", poisoned=poisoned,
-                 passed=False, error=short(e))  # fmt: skip
-            if "illegal" in str(e).lower() or "launch failure" in str(e).lower():
+            if emit_failure(name, poisoned, e):
                 return
 
 
