@@ -45,8 +45,9 @@ STAGES = 2
 # Q 32 KiB + 3 x (K + V) 64 KiB = 224 KiB of the 227 a program may take (D = 128).
 STAGE_CHOICES = (2, 3)
 # Issue the next tile's S = Q K^T before this tile's softmax (FlashAttention-3's intra-warpgroup overlap).
-# Both designs are measured on the H200 (ch08_attention.csv: `ch08_attention_overlap` is this one); the
-# overlapped one was the faster at every measured shape, so it is the default.
+# Three designs are measured on the H200 (ch08_attention.csv): without it, with it (`ch08_attention_overlap`)
+# and with it and three stages; the overlapped one with two stages was the fastest at every measured shape,
+# so it is the default.
 OVERLAP = True
 # TIMELINE: program (0, 0) of the overlapped design writes the SM's clock at each of these events (gemm's
 # `_mark`), one row of an int64 (EVENTS, TIMELINE_SLOTS) buffer each, column = the K/V tile. A consumer's

@@ -298,9 +298,10 @@ def _gemm_ws_kernel(
 
 def choose_config(m: int, n: int, sms: int) -> str:
     """The config `gemm` runs when given "auto": the 128 x 256 tile when it gives every SM at least two tiles,
-    else the 128 x 128 one. With fewer, the big tile leaves SMs idle (`models.wave_efficiency`); on the H200
-    the small tile was as fast or faster at every shape of chapter 04's set with under 2 big tiles an SM
-    (ch08_gemm.csv, graph timings) and the big one faster at 4 or more."""
+    else the 128 x 128 one. With fewer, the big tile leaves SMs idle (`models.wave_efficiency`). On the H200
+    (ch08_gemm.csv, graph timings) the small tile was faster, or within 2%, at every shape of chapter 04's
+    set with under two big tiles an SM, and the big one as fast or faster at every shape with more (3.6 to
+    15.5 an SM)."""
     big = CONFIGS["128x256x64_s3_w8"]
     tiles = -(-m // big.block_m) * -(-n // big.block_n)
     return "128x256x64_s3_w8" if tiles >= 2 * sms else "128x128x64_s4_w4"
